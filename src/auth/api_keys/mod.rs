@@ -1,0 +1,151 @@
+//! API keys `ak_<keyid>.<secret>`: creation, and verification through a cache in front of
+//! the store. The cache holds verifiers by key id, never secrets; its TTL is the revocation bound.
+
+pub mod store;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use moka::future::Cache;
+use moka::Expiry;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::token::{KeyId, API_KEY_PREFIX};
+use super::{unix_now, Principal, PrincipalKind};
+pub use store::{KeyRecord, KeyStore, SqliteStore, StoreError, StoredKey};
+
+#[derive(Clone)]
+enum Entry {
+    Known(Arc<KnownKey>),
+    /// No such key id: cached briefly so floods of random ids stay off the store.
+    Unknown,
+}
+
+struct KnownKey {
+    verifier: [u8; 32],
+    expires_at: Option<i64>,
+    revoked: bool,
+    principal: Arc<Principal>,
+}
+
+struct EntryExpiry {
+    positive: Duration,
+    negative: Duration,
+}
+
+impl Expiry<KeyId, Entry> for EntryExpiry {
+    fn expire_after_create(&self, _: &KeyId, entry: &Entry, _: Instant) -> Option<Duration> {
+        Some(match entry {
+            Entry::Unknown => self.negative,
+            Entry::Known(k) => match k.expires_at {
+                // Never cache a key past its own expiry.
+                Some(at) => self
+                    .positive
+                    .min(Duration::from_secs(at.saturating_sub(unix_now()).max(0) as u64)),
+                None => self.positive,
+            },
+        })
+    }
+}
+
+pub struct ApiKeyVerifier {
+    store: Arc<dyn KeyStore>,
+    cache: Cache<KeyId, Entry>,
+}
+
+/// What the gateway compares an unknown id's secret against, so that a miss costs the same.
+const DUMMY_VERIFIER: [u8; 32] = [0u8; 32];
+
+impl ApiKeyVerifier {
+    pub fn new(store: Arc<dyn KeyStore>, positive: Duration, negative: Duration) -> Self {
+        let cache = Cache::builder()
+            .max_capacity(100_000)
+            .expire_after(EntryExpiry { positive, negative })
+            .build();
+        ApiKeyVerifier { store, cache }
+    }
+
+    /// The principal the key stands for, or `None` for every kind of failure.
+    pub async fn verify(&self, key_id: KeyId, secret: &str) -> Option<Arc<Principal>> {
+        // Hashed before the lookup and whatever it finds: no timing tells whether an id exists.
+        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        let entry = self
+            .cache
+            .try_get_with(key_id, self.load(key_id))
+            .await
+            .map_err(|e| log::warn!("api key store lookup failed: {e}"))
+            .ok()?;
+        match entry {
+            Entry::Unknown => {
+                let _ = digest.ct_eq(&DUMMY_VERIFIER);
+                None
+            }
+            Entry::Known(key) => {
+                let secret_ok: bool = digest.ct_eq(&key.verifier).into();
+                let live = !key.revoked && key.expires_at.is_none_or(|at| unix_now() < at);
+                (secret_ok && live).then(|| key.principal.clone())
+            }
+        }
+    }
+
+    /// One store lookup per id, shared by every concurrent miss for it (moka coalesces).
+    async fn load(&self, key_id: KeyId) -> Result<Entry, StoreError> {
+        Ok(match self.store.find(key_id.as_str()).await? {
+            None => Entry::Unknown,
+            Some(stored) => Entry::Known(Arc::new(KnownKey {
+                verifier: stored.verifier,
+                expires_at: stored.record.expires_at,
+                revoked: stored.record.revoked_at.is_some(),
+                principal: Arc::new(Principal {
+                    kind: PrincipalKind::ApiKey,
+                    id: stored.record.key_id.into(),
+                    scopes: stored.record.scopes.into_iter().map(Into::into).collect(),
+                }),
+            })),
+        })
+    }
+}
+
+/// A freshly created key: the full bearer value is shown once and never stored.
+pub struct NewKey {
+    pub token: String,
+    pub record: KeyRecord,
+}
+
+/// Creates a key with a 64-bit id and a 256-bit secret from the OS CSPRNG.
+pub async fn create_key(
+    store: &dyn KeyStore,
+    name: &str,
+    scopes: Vec<String>,
+    expires_in: Option<Duration>,
+) -> Result<NewKey, StoreError> {
+    let mut rng = rand::rngs::OsRng;
+    let mut id = [0u8; 8];
+    let mut secret = [0u8; 32];
+    rng.fill_bytes(&mut id);
+    rng.fill_bytes(&mut secret);
+    let key_id: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret);
+    let now = unix_now();
+    let record = KeyRecord {
+        key_id: key_id.clone(),
+        name: name.to_string(),
+        scopes,
+        created_at: now,
+        expires_at: expires_in.map(|d| now.saturating_add(d.as_secs() as i64)),
+        revoked_at: None,
+    };
+    store
+        .insert(&StoredKey {
+            record: record.clone(),
+            verifier: Sha256::digest(secret.as_bytes()).into(),
+        })
+        .await?;
+    Ok(NewKey {
+        token: format!("{API_KEY_PREFIX}{key_id}.{secret}"),
+        record,
+    })
+}

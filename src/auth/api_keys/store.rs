@@ -1,0 +1,140 @@
+//! Where API keys live. Only a verifier (SHA-256 of the secret) is stored; revocation marks
+//! a row and never deletes it, so a key id is never reused and the audit trail stays.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::Row;
+
+/// A key as stored, without any secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub key_id: String,
+    pub name: String,
+    pub scopes: Vec<String>,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoredKey {
+    pub record: KeyRecord,
+    pub verifier: [u8; 32],
+}
+
+pub type StoreError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The store the gateway and the `keys` CLI share. SQL is plain and portable so a
+/// Postgres implementation is the same statements with `$n` placeholders.
+#[async_trait]
+pub trait KeyStore: Send + Sync {
+    async fn find(&self, key_id: &str) -> Result<Option<StoredKey>, StoreError>;
+    async fn insert(&self, key: &StoredKey) -> Result<(), StoreError>;
+    async fn list(&self) -> Result<Vec<KeyRecord>, StoreError>;
+    /// Marks the key revoked at `at`; false if no such key. Revoking twice keeps the first time.
+    async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError>;
+}
+
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS api_keys (
+    key_id      TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    verifier    BLOB NOT NULL,
+    scopes      TEXT NOT NULL,
+    created_at  BIGINT NOT NULL,
+    expires_at  BIGINT,
+    revoked_at  BIGINT
+)";
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating file and schema on first use) and checks the database now, so a bad
+    /// path fails at start-up. The pool itself connects lazily on the runtime that uses it.
+    pub async fn open(url: &str) -> Result<SqliteStore, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(2));
+        if let Some(dir) = options.get_filename().parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir)?;
+            }
+        }
+        let setup = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
+        sqlx::query(SCHEMA).execute(&setup).await?;
+        setup.close().await;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_lazy_with(options);
+        Ok(SqliteStore { pool })
+    }
+}
+
+fn record(row: &sqlx::sqlite::SqliteRow) -> Result<KeyRecord, sqlx::Error> {
+    let scopes: String = row.try_get("scopes")?;
+    Ok(KeyRecord {
+        key_id: row.try_get("key_id")?,
+        name: row.try_get("name")?,
+        scopes: scopes.split_whitespace().map(str::to_string).collect(),
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+        revoked_at: row.try_get("revoked_at")?,
+    })
+}
+
+#[async_trait]
+impl KeyStore for SqliteStore {
+    async fn find(&self, key_id: &str) -> Result<Option<StoredKey>, StoreError> {
+        let row = sqlx::query("SELECT * FROM api_keys WHERE key_id = ?1")
+            .bind(key_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let verifier: Vec<u8> = row.try_get("verifier")?;
+        Ok(Some(StoredKey {
+            record: record(&row)?,
+            verifier: verifier.try_into().map_err(|_| "stored verifier has the wrong length")?,
+        }))
+    }
+
+    async fn insert(&self, key: &StoredKey) -> Result<(), StoreError> {
+        let r = &key.record;
+        sqlx::query(
+            "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, revoked_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)",
+        )
+        .bind(&r.key_id)
+        .bind(&r.name)
+        .bind(&key.verifier[..])
+        .bind(r.scopes.join(" "))
+        .bind(r.created_at)
+        .bind(r.expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM api_keys ORDER BY created_at, key_id")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+    }
+
+    async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?2) WHERE key_id = ?1",
+        )
+        .bind(key_id)
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+}

@@ -1,0 +1,76 @@
+//! The TOML file format, exactly as operators write it. Nothing here is trusted yet:
+//! `config::Config::from_file` validates it into the internal model.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    #[serde(default)]
+    pub server: Server,
+    pub metrics: Option<Metrics>,
+    #[serde(default)]
+    pub auth: Auth,
+    #[serde(default)]
+    pub services: BTreeMap<String, Service>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Server {
+    pub listen: Option<Vec<String>>,
+    pub threads: Option<usize>,
+    pub grace_period_seconds: Option<u64>,
+    pub graceful_shutdown_timeout_seconds: Option<u64>,
+    pub upgrade_sock: Option<String>,
+    pub pid_file: Option<String>,
+    pub max_request_body_bytes: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metrics {
+    pub listen: String,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Auth {
+    pub api_keys: Option<ApiKeys>,
+    pub jwt: Option<Jwt>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeys {
+    pub database: String,
+    pub cache_ttl_seconds: Option<u64>,
+    pub negative_cache_ttl_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Jwt {
+    pub issuer: String,
+    pub audience: String,
+    pub jwks_uri: Option<String>,
+    pub algorithms: Option<Vec<String>>,
+    pub leeway_seconds: Option<u64>,
+    /// Accepted `typ` header values; defaults to the RFC 9068 access-token types.
+    pub token_types: Option<Vec<String>>,
+    pub jwks_refresh_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Service {
+    pub upstream: Option<String>,
+    pub scope: Option<String>,
+    pub connect_timeout_seconds: Option<u64>,
+    pub read_timeout_seconds: Option<u64>,
+    pub idle_timeout_seconds: Option<u64>,
+    #[serde(default)]
+    pub upstream_headers: BTreeMap<String, String>,
+}

@@ -1,0 +1,431 @@
+//! Configuration: the TOML file (`file`) validated into the model the gateway runs on.
+//! Everything that can be checked or computed once is done here, at start-up:
+//! `${VAR}` expansion, URL parsing, DNS resolution, header encoding.
+
+mod env;
+mod file;
+
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue};
+
+pub use env::expand as expand_env;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub server: ServerSettings,
+    pub metrics: Option<MetricsSettings>,
+    pub api_keys: Option<ApiKeySettings>,
+    pub jwt: Option<JwtSettings>,
+    pub services: Vec<ServiceConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    pub listen: Vec<String>,
+    pub threads: usize,
+    pub grace_period_seconds: u64,
+    pub graceful_shutdown_timeout_seconds: u64,
+    pub upgrade_sock: String,
+    pub pid_file: String,
+    pub max_request_body_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct MetricsSettings {
+    pub listen: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiKeySettings {
+    pub database: String,
+    pub cache_ttl: Duration,
+    pub negative_cache_ttl: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct JwtSettings {
+    pub issuer: String,
+    pub audience: String,
+    pub jwks_uri: Option<String>,
+    pub algorithms: Vec<jsonwebtoken::Algorithm>,
+    pub leeway_seconds: u64,
+    pub token_types: Vec<String>,
+    pub jwks_refresh: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The `<service>` segment of `/v1/<service>/...`.
+    pub name: String,
+    pub scope: String,
+    pub upstream: Upstream,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Set on every upstream request, values already expanded; marked sensitive so they never print.
+    pub upstream_headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub tls: bool,
+    /// Host name or IP as written (IPv6 without brackets): the TLS SNI and certificate name.
+    pub host: String,
+    pub port: u16,
+    /// Path prefix the forwarded remainder is appended to; empty or `/base` without a trailing slash.
+    pub base_path: String,
+    /// Resolved once at start-up: Pingora would otherwise resolve, blocking, per request.
+    pub address: SocketAddr,
+    /// `host:port`, the Host header the upstream is sent.
+    pub host_header: HeaderValue,
+}
+
+/// Every problem found in a config file, each naming the file and the key.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.problems.join("\n"))
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+pub const DEFAULT_MAX_BODY: u64 = 32 * 1024 * 1024;
+const ALGORITHMS: [(&str, jsonwebtoken::Algorithm); 9] = {
+    use jsonwebtoken::Algorithm::*;
+    [
+        ("RS256", RS256),
+        ("RS384", RS384),
+        ("RS512", RS512),
+        ("PS256", PS256),
+        ("PS384", PS384),
+        ("PS512", PS512),
+        ("ES256", ES256),
+        ("ES384", ES384),
+        ("EdDSA", EdDSA),
+    ]
+};
+/// Request headers an operator may not inject: they would break framing or routing.
+const RESERVED_HEADERS: [&str; 8] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+];
+
+impl Config {
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            problems: vec![format!("{}: cannot read: {e}", path.display())],
+        })?;
+        Config::from_str(path, &text, |name| std::env::var(name).ok())
+    }
+
+    /// Parses and validates; `lookup` reads the environment for `${VAR}`.
+    pub fn from_str(
+        path: &Path,
+        text: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let shown = path.display().to_string();
+        let raw: file::File = toml::from_str(text).map_err(|e| ConfigError {
+            problems: vec![format!("{shown}: {}", e.to_string().trim_end())],
+        })?;
+        let mut v = Validator {
+            file: shown,
+            problems: Vec::new(),
+            lookup: &lookup,
+        };
+        let config = Config {
+            path: path.to_path_buf(),
+            server: v.server(raw.server),
+            metrics: raw.metrics.map(|m| MetricsSettings { listen: m.listen }),
+            api_keys: raw.auth.api_keys.map(|a| v.api_keys(a)),
+            jwt: raw.auth.jwt.and_then(|j| v.jwt(j)),
+            services: raw
+                .services
+                .into_iter()
+                .filter_map(|(name, s)| v.service(name, s))
+                .collect(),
+        };
+        if config.services.is_empty() && v.problems.is_empty() {
+            v.problem("services", "no service is configured");
+        }
+        if v.problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError {
+                problems: v.problems,
+            })
+        }
+    }
+
+    pub fn service(&self, name: &[u8]) -> Option<&ServiceConfig> {
+        self.services.iter().find(|s| s.name.as_bytes() == name)
+    }
+}
+
+struct Validator<'a> {
+    file: String,
+    problems: Vec<String>,
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Validator<'_> {
+    fn problem(&mut self, key: &str, what: impl fmt::Display) {
+        self.problems.push(format!("{}: {key}: {what}", self.file));
+    }
+
+    fn expand(&mut self, key: &str, value: &str) -> Option<String> {
+        match expand_env(value, self.lookup) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.problem(key, e);
+                None
+            }
+        }
+    }
+
+    fn server(&mut self, s: file::Server) -> ServerSettings {
+        let listen = s
+            .listen
+            .unwrap_or_else(|| vec!["127.0.0.1:8080".to_string()]);
+        if listen.is_empty() {
+            self.problem("server.listen", "needs at least one address");
+        }
+        for addr in &listen {
+            if addr.parse::<SocketAddr>().is_err() {
+                self.problem("server.listen", format!("`{addr}` is not an ip:port address"));
+            }
+        }
+        let threads = s.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
+        if threads == 0 {
+            self.problem("server.threads", "must be at least 1");
+        }
+        let max_request_body_bytes = s.max_request_body_bytes.unwrap_or(DEFAULT_MAX_BODY);
+        if max_request_body_bytes == 0 {
+            self.problem("server.max_request_body_bytes", "must be at least 1");
+        }
+        ServerSettings {
+            listen,
+            threads,
+            grace_period_seconds: s.grace_period_seconds.unwrap_or(300),
+            graceful_shutdown_timeout_seconds: s.graceful_shutdown_timeout_seconds.unwrap_or(5),
+            upgrade_sock: s
+                .upgrade_sock
+                .unwrap_or_else(|| "/tmp/portcullis-upgrade.sock".to_string()),
+            pid_file: s
+                .pid_file
+                .unwrap_or_else(|| "/tmp/portcullis.pid".to_string()),
+            max_request_body_bytes,
+        }
+    }
+
+    fn api_keys(&mut self, a: file::ApiKeys) -> ApiKeySettings {
+        let database = self
+            .expand("auth.api_keys.database", &a.database)
+            .unwrap_or_default();
+        if !(database.starts_with("sqlite:") || database.starts_with("postgres://") || database.starts_with("postgresql://")) {
+            self.problem(
+                "auth.api_keys.database",
+                "must be a sqlite:// or postgres:// URL",
+            );
+        }
+        let cache_ttl = a.cache_ttl_seconds.unwrap_or(15);
+        if cache_ttl == 0 {
+            self.problem("auth.api_keys.cache_ttl_seconds", "must be at least 1");
+        }
+        ApiKeySettings {
+            database,
+            cache_ttl: Duration::from_secs(cache_ttl),
+            negative_cache_ttl: Duration::from_secs(a.negative_cache_ttl_seconds.unwrap_or(5)),
+        }
+    }
+
+    fn jwt(&mut self, j: file::Jwt) -> Option<JwtSettings> {
+        if http_url(&j.issuer).is_none() {
+            self.problem("auth.jwt.issuer", "must be an http(s) URL");
+        }
+        if let Some(uri) = &j.jwks_uri {
+            if http_url(uri).is_none() {
+                self.problem("auth.jwt.jwks_uri", "must be an http(s) URL");
+            }
+        }
+        if j.audience.is_empty() {
+            self.problem("auth.jwt.audience", "must not be empty");
+        }
+        let names = j
+            .algorithms
+            .unwrap_or_else(|| vec!["RS256".into(), "ES256".into(), "EdDSA".into()]);
+        let mut algorithms = Vec::new();
+        for name in &names {
+            match ALGORITHMS.iter().find(|(n, _)| n == name) {
+                Some((_, alg)) => algorithms.push(*alg),
+                None => self.problem(
+                    "auth.jwt.algorithms",
+                    format!("`{name}` is not an accepted asymmetric algorithm (RS*, PS*, ES256, ES384, EdDSA)"),
+                ),
+            }
+        }
+        if names.is_empty() {
+            self.problem("auth.jwt.algorithms", "needs at least one algorithm");
+        }
+        Some(JwtSettings {
+            issuer: j.issuer,
+            audience: j.audience,
+            jwks_uri: j.jwks_uri,
+            algorithms,
+            leeway_seconds: j.leeway_seconds.unwrap_or(30),
+            token_types: j
+                .token_types
+                .unwrap_or_else(|| vec!["at+jwt".into(), "application/at+jwt".into()]),
+            jwks_refresh: Duration::from_secs(j.jwks_refresh_seconds.unwrap_or(300).max(1)),
+        })
+    }
+
+    fn service(&mut self, name: String, s: file::Service) -> Option<ServiceConfig> {
+        let key = format!("services.{name}");
+        let name_ok = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !name_ok {
+            self.problem(&key, "a service name may hold only a-z, 0-9, `-` and `_`");
+        }
+        let scope = s.scope.filter(|s| !s.is_empty());
+        if scope.is_none() {
+            self.problem(&format!("{key}.scope"), "is required");
+        }
+        let upstream = match &s.upstream {
+            None => {
+                self.problem(&format!("{key}.upstream"), "is required");
+                None
+            }
+            Some(raw) => {
+                let url = self.expand(&format!("{key}.upstream"), raw);
+                url.and_then(|url| match parse_upstream(&url) {
+                    Ok(u) => Some(u),
+                    Err(e) => {
+                        self.problem(&format!("{key}.upstream"), e);
+                        None
+                    }
+                })
+            }
+        };
+        let mut upstream_headers = Vec::new();
+        for (header, value) in &s.upstream_headers {
+            let hkey = format!("{key}.upstream_headers.{header}");
+            let Ok(name) = HeaderName::from_bytes(header.as_bytes()) else {
+                self.problem(&hkey, "is not a valid header name");
+                continue;
+            };
+            if RESERVED_HEADERS.contains(&name.as_str()) {
+                self.problem(&hkey, "may not be set: the gateway manages it");
+                continue;
+            }
+            let Some(value) = self.expand(&hkey, value) else {
+                continue;
+            };
+            match HeaderValue::from_str(&value) {
+                Ok(mut v) => {
+                    v.set_sensitive(true);
+                    upstream_headers.push((name, v));
+                }
+                // The value may be a secret: never echo it.
+                Err(_) => self.problem(&hkey, "expands to a value that is not a valid header value"),
+            }
+        }
+        let seconds = |v: Option<u64>, default: u64| Duration::from_secs(v.unwrap_or(default));
+        let connect_timeout = seconds(s.connect_timeout_seconds, 3);
+        let read_timeout = seconds(s.read_timeout_seconds, 300);
+        let idle_timeout = seconds(s.idle_timeout_seconds, 4);
+        for (k, d) in [
+            ("connect_timeout_seconds", connect_timeout),
+            ("read_timeout_seconds", read_timeout),
+            ("idle_timeout_seconds", idle_timeout),
+        ] {
+            if d.is_zero() {
+                self.problem(&format!("{key}.{k}"), "must be at least 1");
+            }
+        }
+        Some(ServiceConfig {
+            name,
+            scope: scope?,
+            upstream: upstream?,
+            connect_timeout,
+            read_timeout,
+            idle_timeout,
+            upstream_headers,
+        })
+    }
+}
+
+fn http_url(s: &str) -> Option<http::Uri> {
+    let uri: http::Uri = s.parse().ok()?;
+    matches!(uri.scheme_str(), Some("http" | "https")).then_some(())?;
+    uri.host()?;
+    Some(uri)
+}
+
+/// `scheme://host[:port][/base-path]`, resolved to a socket address now.
+fn parse_upstream(url: &str) -> Result<Upstream, String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| format!("`{url}` is not a valid URL"))?;
+    let tls = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err(format!("`{url}` must start with http:// or https://")),
+    };
+    let authority = uri
+        .authority()
+        .ok_or_else(|| format!("`{url}` has no host"))?;
+    if authority.as_str().contains('@') {
+        return Err("must not carry credentials: use upstream_headers".to_string());
+    }
+    if uri.query().is_some() {
+        return Err(format!("`{url}` must not have a query string"));
+    }
+    let bracketed = authority.host();
+    let host = bracketed.trim_start_matches('[').trim_end_matches(']').to_string();
+    if host.is_empty() {
+        return Err(format!("`{url}` has no host"));
+    }
+    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    let base_path = uri.path().trim_end_matches('/').to_string();
+    let address = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve `{host}`: {e}"))?
+        .next()
+        .ok_or_else(|| format!("`{host}` resolves to no address"))?;
+    let host_header = HeaderValue::from_str(&format!("{bracketed}:{port}"))
+        .map_err(|_| format!("`{url}` has an invalid host"))?;
+    Ok(Upstream {
+        tls,
+        host,
+        port,
+        base_path,
+        address,
+        host_header,
+    })
+}
+
+#[cfg(test)]
+mod tests;

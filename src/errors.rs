@@ -1,0 +1,163 @@
+//! The one place that maps every response the gateway writes itself to a status and a JSON body.
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+
+/// Every response the gateway answers on its own, never one relayed from an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewayError {
+    BadRequest(Malformed),
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    BadGateway,
+    GatewayTimeout,
+    Internal,
+}
+
+/// Why a request is malformed; told to the client, since it is the client's own input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Malformed {
+    DotSegment,
+    EmptySegment,
+    EncodedSeparator,
+    Backslash,
+    ControlCharacter,
+    ContentLength,
+    Framing,
+}
+
+/// The allowed methods, as sent in `Allow` with a 405.
+pub const ALLOWED_METHODS: &str = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS";
+
+impl GatewayError {
+    pub fn status(self) -> u16 {
+        match self {
+            GatewayError::BadRequest(_) => 400,
+            GatewayError::Unauthorized => 401,
+            GatewayError::Forbidden => 403,
+            GatewayError::NotFound => 404,
+            GatewayError::MethodNotAllowed => 405,
+            GatewayError::PayloadTooLarge => 413,
+            GatewayError::BadGateway => 502,
+            GatewayError::GatewayTimeout => 504,
+            GatewayError::Internal => 500,
+        }
+    }
+
+    /// The JSON body. Built from static parts so an error costs no formatting;
+    /// the 401 body is pinned byte for byte by the contract.
+    pub fn body(self) -> Bytes {
+        Bytes::from_static(match self {
+            GatewayError::BadRequest(Malformed::DotSegment) => {
+                br#"{"error":"bad_request","message":"path contains a dot segment"}"#
+            }
+            GatewayError::BadRequest(Malformed::EmptySegment) => {
+                br#"{"error":"bad_request","message":"path contains an empty segment"}"#
+            }
+            GatewayError::BadRequest(Malformed::EncodedSeparator) => {
+                br#"{"error":"bad_request","message":"path contains an encoded slash or backslash"}"#
+            }
+            GatewayError::BadRequest(Malformed::Backslash) => {
+                br#"{"error":"bad_request","message":"path contains a backslash"}"#
+            }
+            GatewayError::BadRequest(Malformed::ControlCharacter) => {
+                br#"{"error":"bad_request","message":"path contains a control character"}"#
+            }
+            GatewayError::BadRequest(Malformed::ContentLength) => {
+                br#"{"error":"bad_request","message":"invalid content-length"}"#
+            }
+            GatewayError::BadRequest(Malformed::Framing) => {
+                br#"{"error":"bad_request","message":"malformed request"}"#
+            }
+            GatewayError::Unauthorized => br#"{"error":"unauthorized"}"#,
+            GatewayError::Forbidden => {
+                br#"{"error":"forbidden","message":"the token lacks the scope this service requires"}"#
+            }
+            GatewayError::NotFound => br#"{"error":"not_found"}"#,
+            GatewayError::MethodNotAllowed => {
+                br#"{"error":"method_not_allowed","message":"allowed: GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"}"#
+            }
+            GatewayError::PayloadTooLarge => {
+                br#"{"error":"payload_too_large","message":"request body exceeds the configured limit"}"#
+            }
+            GatewayError::BadGateway => {
+                br#"{"error":"bad_gateway","message":"the upstream refused, reset or sent an invalid response"}"#
+            }
+            GatewayError::GatewayTimeout => {
+                br#"{"error":"gateway_timeout","message":"the upstream did not answer in time"}"#
+            }
+            GatewayError::Internal => br#"{"error":"internal_error"}"#,
+        })
+    }
+
+    /// Maps a Pingora failure raised while proxying to the error the client sees.
+    /// `None` means the client is gone and nothing should be written.
+    pub fn from_proxy_error(e: &pingora::Error) -> Option<GatewayError> {
+        use pingora::{ErrorSource, ErrorType::*};
+        match e.etype() {
+            HTTPStatus(413) => return Some(GatewayError::PayloadTooLarge),
+            HTTPStatus(400) => return Some(GatewayError::BadRequest(Malformed::Framing)),
+            _ => {}
+        }
+        match e.esource() {
+            ErrorSource::Upstream => Some(match e.etype() {
+                ConnectTimedout | ReadTimedout | WriteTimedout => GatewayError::GatewayTimeout,
+                _ => GatewayError::BadGateway,
+            }),
+            ErrorSource::Downstream => match e.etype() {
+                ReadError | WriteError | ConnectionClosed | ReadTimedout | WriteTimedout => None,
+                _ => Some(GatewayError::BadRequest(Malformed::Framing)),
+            },
+            ErrorSource::Internal | ErrorSource::Unset => Some(match e.etype() {
+                // Pingora classes connect failures as internal when no byte was exchanged.
+                ConnectTimedout => GatewayError::GatewayTimeout,
+                ConnectRefused | ConnectNoRoute | ConnectError | ConnectionClosed => {
+                    GatewayError::BadGateway
+                }
+                _ => GatewayError::Internal,
+            }),
+        }
+    }
+
+    /// Writes the response with the headers every local response carries.
+    pub async fn respond(
+        self,
+        session: &mut Session,
+        request_id: &str,
+        head_only: bool,
+    ) -> pingora::Result<()> {
+        let body = self.body();
+        let mut header = ResponseHeader::build(self.status(), Some(5))?;
+        header.insert_header("content-type", "application/json")?;
+        header.insert_header("content-length", body.len())?;
+        header.insert_header("x-request-id", request_id)?;
+        header.insert_header("cache-control", "no-store")?;
+        match self {
+            // Byte-identical for every failure: no error= attribute (the contract hides the reason).
+            GatewayError::Unauthorized => header.insert_header("www-authenticate", "Bearer")?,
+            GatewayError::MethodNotAllowed => header.insert_header("allow", ALLOWED_METHODS)?,
+            _ => {}
+        }
+        write_local(session, header, body, head_only).await
+    }
+}
+
+/// Writes a complete response the gateway produced itself.
+pub async fn write_local(
+    session: &mut Session,
+    header: ResponseHeader,
+    body: Bytes,
+    head_only: bool,
+) -> pingora::Result<()> {
+    session
+        .write_response_header(Box::new(header), head_only)
+        .await?;
+    if !head_only {
+        session.write_response_body(Some(body), true).await?;
+    }
+    Ok(())
+}

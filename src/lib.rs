@@ -1,0 +1,10 @@
+//! Portcullis: an authenticated HTTP gateway for LLM APIs on Pingora.
+
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod errors;
+pub mod metrics;
+pub mod proxy;
+pub mod routing;
+pub mod server;

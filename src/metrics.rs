@@ -1,0 +1,170 @@
+//! Prometheus metrics (names pinned by interface.md) on a registry of our own, served at
+//! `GET /metrics` on the `[metrics] listen` address. Labels are bounded enumerations only.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use http::{Method, Response};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::auth::AuthFailure;
+
+/// From a 2 ms embedding call to a 10-minute reasoning stream.
+const BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0, 600.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    upstream_ttfb: HistogramVec,
+    auth_failures: IntCounterVec,
+    active_streams: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new("portcullis_requests_total", "Requests answered, by service, method and status."),
+            &["service", "method", "status"],
+        )
+        .expect("valid metric");
+        let duration = HistogramVec::new(
+            HistogramOpts::new("portcullis_request_duration_seconds", "Whole-request duration.")
+                .buckets(BUCKETS.to_vec()),
+            &["service"],
+        )
+        .expect("valid metric");
+        let upstream_ttfb = HistogramVec::new(
+            HistogramOpts::new(
+                "portcullis_upstream_ttfb_seconds",
+                "Time from sending the request upstream to its first response byte.",
+            )
+            .buckets(BUCKETS.to_vec()),
+            &["service"],
+        )
+        .expect("valid metric");
+        let auth_failures = IntCounterVec::new(
+            Opts::new("portcullis_auth_failures_total", "Authentication failures by internal reason."),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let active_streams = IntGaugeVec::new(
+            Opts::new("portcullis_active_streams", "SSE responses in flight."),
+            &["service"],
+        )
+        .expect("valid metric");
+        for m in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(duration.clone()),
+            Box::new(upstream_ttfb.clone()),
+            Box::new(auth_failures.clone()),
+            Box::new(active_streams.clone()),
+        ] {
+            registry.register(m).expect("metric names are unique");
+        }
+        Metrics {
+            registry,
+            requests,
+            duration,
+            upstream_ttfb,
+            auth_failures,
+            active_streams,
+        }
+    }
+
+    pub fn record(
+        &self,
+        service: &str,
+        method: &Method,
+        status: u16,
+        duration: Duration,
+        ttfb: Option<Duration>,
+        auth_failure: Option<AuthFailure>,
+    ) {
+        let mut code = [b'0'; 3];
+        let status = status.min(999);
+        code[0] += (status / 100) as u8;
+        code[1] += (status / 10 % 10) as u8;
+        code[2] += (status % 10) as u8;
+        let code = std::str::from_utf8(&code).unwrap_or("000");
+        self.requests
+            .with_label_values(&[service, method_label(method), code])
+            .inc();
+        self.duration
+            .with_label_values(&[service])
+            .observe(duration.as_secs_f64());
+        if let Some(t) = ttfb {
+            self.upstream_ttfb
+                .with_label_values(&[service])
+                .observe(t.as_secs_f64());
+        }
+        if let Some(kind) = auth_failure {
+            self.auth_failures.with_label_values(&[kind.as_str()]).inc();
+        }
+    }
+
+    pub fn stream_started(&self, service: &str) {
+        self.active_streams.with_label_values(&[service]).inc();
+    }
+
+    pub fn stream_ended(&self, service: &str) {
+        self.active_streams.with_label_values(&[service]).dec();
+    }
+
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 * 1024);
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            log::error!("metrics encoding failed: {e}");
+        }
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Methods outside the allowed set are folded into one label: they are client-chosen strings.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "OTHER",
+    }
+}
+
+/// The `/metrics` endpoint.
+pub struct MetricsApp(pub std::sync::Arc<Metrics>);
+
+#[async_trait]
+impl ServeHttp for MetricsApp {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let path = session.req_header().uri.path();
+        let (status, content_type, body) = if path == "/metrics" {
+            (200, "text/plain; version=0.0.4", self.0.render())
+        } else {
+            (404, "application/json", br#"{"error":"not_found"}"#.to_vec())
+        };
+        Response::builder()
+            .status(status)
+            .header("content-type", content_type)
+            .header("content-length", body.len())
+            .body(body)
+            .expect("static response parts are valid")
+    }
+}

@@ -1,0 +1,108 @@
+//! What one request carries from hook to hook.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rand::RngCore;
+
+use crate::auth::{AuthFailure, Principal};
+
+/// `X-Request-Id`, kept inline: no allocation per request.
+pub struct RequestId {
+    buf: [u8; RequestId::MAX],
+    len: u8,
+}
+
+impl RequestId {
+    pub const MAX: usize = 128;
+
+    /// The client's id if well formed (1–128 of `A-Za-z0-9._-`), else a fresh random one.
+    pub fn from_client_or_new(client: Option<&[u8]>) -> RequestId {
+        let mut id = RequestId {
+            buf: [0; RequestId::MAX],
+            len: 0,
+        };
+        match client {
+            Some(v) if RequestId::well_formed(v) => {
+                id.buf[..v.len()].copy_from_slice(v);
+                id.len = v.len() as u8;
+            }
+            _ => {
+                let mut random = [0u8; 16];
+                rand::thread_rng().fill_bytes(&mut random);
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                for (i, b) in random.iter().enumerate() {
+                    id.buf[2 * i] = HEX[(b >> 4) as usize];
+                    id.buf[2 * i + 1] = HEX[(b & 0xf) as usize];
+                }
+                id.len = 32;
+            }
+        }
+        id
+    }
+
+    pub fn well_formed(v: &[u8]) -> bool {
+        (1..=RequestId::MAX).contains(&v.len())
+            && v
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII is ever stored.
+        std::str::from_utf8(&self.buf[..self.len as usize]).unwrap_or_default()
+    }
+}
+
+pub struct RequestCtx {
+    pub start: Instant,
+    pub request_id: RequestId,
+    /// Index of the matched service in `Gateway::routes`, once routed and authorised.
+    pub route: Option<usize>,
+    /// Where, in the raw request target, the part forwarded to the upstream begins.
+    pub forward_from: usize,
+    pub principal: Option<Arc<Principal>>,
+    pub auth_failure: Option<AuthFailure>,
+    /// Status of a response the gateway wrote itself.
+    pub local_status: Option<u16>,
+    pub body_bytes: u64,
+    pub upstream_sent: Option<Instant>,
+    pub upstream_ttfb: Option<std::time::Duration>,
+    pub streaming: bool,
+}
+
+impl RequestCtx {
+    pub fn new() -> RequestCtx {
+        RequestCtx {
+            start: Instant::now(),
+            request_id: RequestId::from_client_or_new(None),
+            route: None,
+            forward_from: 0,
+            principal: None,
+            auth_failure: None,
+            local_status: None,
+            body_bytes: 0,
+            upstream_sent: None,
+            upstream_ttfb: None,
+            streaming: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RequestId;
+
+    #[test]
+    fn keeps_well_formed_client_ids_and_replaces_the_rest() {
+        assert_eq!(RequestId::from_client_or_new(Some(b"abc-1.2_3")).as_str(), "abc-1.2_3");
+        let long = [b'a'; 129];
+        for bad in [&b""[..], b"has space", b"semi;colon", &long] {
+            let id = RequestId::from_client_or_new(Some(bad));
+            assert_eq!(id.as_str().len(), 32);
+            assert_ne!(id.as_str().as_bytes(), bad);
+        }
+        let max = [b'z'; 128];
+        assert_eq!(RequestId::from_client_or_new(Some(&max)).as_str().len(), 128);
+    }
+}

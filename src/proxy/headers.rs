@@ -1,0 +1,62 @@
+//! Header hygiene in both directions (interface.md "Headers").
+
+use std::net::IpAddr;
+
+use http::HeaderValue;
+use pingora::http::{RequestHeader, ResponseHeader};
+
+use crate::config::ServiceConfig;
+
+/// Client credentials that must never reach an upstream.
+const CLIENT_SECRETS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
+/// Session and challenge headers the gateway never relays: it issues no cookies and
+/// speaks only for itself about authentication.
+const UPSTREAM_SESSION: [&str; 4] = [
+    "set-cookie",
+    "set-cookie2",
+    "www-authenticate",
+    "proxy-authenticate",
+];
+
+pub fn to_upstream(
+    req: &mut RequestHeader,
+    service: &ServiceConfig,
+    client_ip: Option<IpAddr>,
+    request_id: &str,
+) -> pingora::Result<()> {
+    for name in CLIENT_SECRETS {
+        req.remove_header(name);
+    }
+    req.insert_header("host", service.upstream.host_header.clone())?;
+    match client_ip {
+        // A client-sent value is replaced, never appended to: it cannot be trusted.
+        Some(ip) => req.insert_header("x-forwarded-for", ip.to_string())?,
+        None => {
+            req.remove_header("x-forwarded-for");
+        }
+    }
+    req.insert_header("x-forwarded-proto", HeaderValue::from_static("http"))?;
+    req.insert_header("x-request-id", request_id)?;
+    for (name, value) in &service.upstream_headers {
+        req.insert_header(name.clone(), value.clone())?;
+    }
+    Ok(())
+}
+
+pub fn to_client(resp: &mut ResponseHeader, request_id: &str) -> pingora::Result<()> {
+    for name in UPSTREAM_SESSION {
+        resp.remove_header(name);
+    }
+    resp.insert_header("x-request-id", request_id)
+}
+
+pub fn is_event_stream(resp: &ResponseHeader) -> bool {
+    resp.headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .get(..17)
+                .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
+        })
+}

@@ -1,0 +1,299 @@
+//! The gateway's one `ProxyHttp`. A request flows top to bottom:
+//! validate → authenticate → route → authorise → rewrite → stream → clean the response → record.
+
+mod context;
+mod headers;
+mod upstream;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::Method;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{Error, ErrorSource, ErrorType, Result};
+
+pub use context::{RequestCtx, RequestId};
+
+use crate::auth::Authenticator;
+use crate::config::{Config, ServiceConfig};
+use crate::errors::{write_local, GatewayError, Malformed};
+use crate::metrics::Metrics;
+use crate::routing::{self, Target};
+
+pub struct Gateway {
+    services: Vec<ServiceConfig>,
+    peers: Vec<HttpPeer>,
+    max_body: u64,
+    auth: Authenticator,
+    metrics: Arc<Metrics>,
+}
+
+/// What `request_filter` decided, taken out of the borrowed request before acting on it.
+enum Decision {
+    Proxy {
+        route: usize,
+        forward_from: usize,
+    },
+    Health,
+    Reject(GatewayError),
+}
+
+impl Gateway {
+    pub fn new(config: &Config, auth: Authenticator, metrics: Arc<Metrics>) -> Gateway {
+        Gateway {
+            peers: config.services.iter().map(upstream::peer_for).collect(),
+            services: config.services.clone(),
+            max_body: config.server.max_request_body_bytes,
+            auth,
+            metrics,
+        }
+    }
+
+    async fn decide(&self, session: &Session, ctx: &mut RequestCtx) -> Decision {
+        let req = session.req_header();
+        // 1. Validate: method, then path shape.
+        let target = match routing::classify(&req.method, req.raw_path()) {
+            Ok(t) => t,
+            Err(e) => return Decision::Reject(e),
+        };
+        let (service, forward) = match target {
+            Target::Health => return Decision::Health,
+            Target::NotFound => return Decision::Reject(GatewayError::NotFound),
+            Target::Protected { service, forward } => (service, forward),
+        };
+        // 2. Authenticate, before anything reveals which services exist.
+        let principal = match self.auth.authenticate(&req.headers).await {
+            Ok(p) => p,
+            Err(failure) => {
+                log::info!(
+                    "request {} unauthorized: {}",
+                    ctx.request_id.as_str(),
+                    failure.as_str()
+                );
+                ctx.auth_failure = Some(failure);
+                return Decision::Reject(GatewayError::Unauthorized);
+            }
+        };
+        ctx.principal = Some(principal.clone());
+        // 3. Route.
+        let Some(route) = service.and_then(|name| {
+            self.services
+                .iter()
+                .position(|s| s.name.as_bytes() == name)
+        }) else {
+            return Decision::Reject(GatewayError::NotFound);
+        };
+        ctx.route = Some(route);
+        // 4. Authorise.
+        if !principal.has_scope(&self.services[route].scope) {
+            return Decision::Reject(GatewayError::Forbidden);
+        }
+        // A declared body over the limit is refused before a byte of it is read.
+        if let Some(declared) = req.headers.get(http::header::CONTENT_LENGTH) {
+            match declared.to_str().ok().and_then(|v| v.parse::<u64>().ok()) {
+                Some(len) if len > self.max_body => {
+                    return Decision::Reject(GatewayError::PayloadTooLarge)
+                }
+                Some(_) => {}
+                None => return Decision::Reject(GatewayError::BadRequest(Malformed::ContentLength)),
+            }
+        }
+        Decision::Proxy {
+            route,
+            forward_from: req.raw_path().len() - forward.len(),
+        }
+    }
+
+    async fn reject(&self, session: &mut Session, ctx: &mut RequestCtx, e: GatewayError) -> Result<bool> {
+        // Never drain an unread body just to keep the connection; and every 401 closes,
+        // so all of them look alike and guessing costs a new connection.
+        if e == GatewayError::Unauthorized || !session.is_body_empty() {
+            session.set_keepalive(None);
+        }
+        let head_only = session.req_header().method == Method::HEAD;
+        ctx.local_status = Some(e.status());
+        e.respond(session, ctx.request_id.as_str(), head_only).await?;
+        Ok(true)
+    }
+
+    async fn health(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        const BODY: &[u8] = br#"{"status":"ok"}"#;
+        let mut h = ResponseHeader::build(200, Some(4))?;
+        h.insert_header("content-type", "application/json")?;
+        h.insert_header("content-length", BODY.len())?;
+        h.insert_header("cache-control", "no-store")?;
+        h.insert_header("x-request-id", ctx.request_id.as_str())?;
+        ctx.local_status = Some(200);
+        let head_only = session.req_header().method == Method::HEAD;
+        write_local(session, h, Bytes::from_static(BODY), head_only).await?;
+        Ok(true)
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::new()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        ctx.start = Instant::now();
+        ctx.request_id = RequestId::from_client_or_new(
+            session
+                .req_header()
+                .headers
+                .get("x-request-id")
+                .map(|v| v.as_bytes()),
+        );
+        match self.decide(session, ctx).await {
+            Decision::Proxy {
+                route,
+                forward_from,
+            } => {
+                ctx.route = Some(route);
+                ctx.forward_from = forward_from;
+                Ok(false)
+            }
+            Decision::Health => self.health(session, ctx).await,
+            Decision::Reject(e) => self.reject(session, ctx, e).await,
+        }
+    }
+
+    async fn request_body_filter(
+        &self,
+        session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        // Chunked bodies declare no length: count what arrives.
+        ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
+        if ctx.body_bytes > self.max_body {
+            session.set_keepalive(None);
+            return Error::e_explain(ErrorType::HTTPStatus(413), "request body over the limit");
+        }
+        Ok(())
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+        let route = ctx
+            .route
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
+        Ok(Box::new(self.peers[route].clone()))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let service = &self.services[ctx.route.unwrap_or_default()];
+        // 5. Rewrite: the upstream's base path, then the remainder and query byte for byte.
+        let forward = &session.req_header().raw_path()[ctx.forward_from..];
+        let mut target = Vec::with_capacity(service.upstream.base_path.len() + forward.len());
+        target.extend_from_slice(service.upstream.base_path.as_bytes());
+        target.extend_from_slice(forward);
+        upstream.set_raw_path(&target)?;
+        let client_ip = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        headers::to_upstream(upstream, service, client_ip, ctx.request_id.as_str())?;
+        ctx.upstream_sent = Some(Instant::now());
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        ctx.upstream_ttfb = ctx.upstream_sent.map(|t| t.elapsed());
+        // 6. Stream: Pingora relays each chunk as it comes; we only note that it is a stream.
+        if headers::is_event_stream(upstream_response) && !ctx.streaming {
+            ctx.streaming = true;
+            self.metrics.stream_started(self.service_label(ctx));
+        }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        // 7. Clean the response.
+        headers::to_client(response, ctx.request_id.as_str())
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+        let Some(error) = GatewayError::from_proxy_error(e) else {
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        };
+        // Once a response has started, all that can be done is to cut it.
+        if session.response_written().is_none() {
+            let head_only = session.req_header().method == Method::HEAD;
+            if let Err(write_err) = error.respond(session, ctx.request_id.as_str(), head_only).await {
+                log::debug!("could not send error response: {write_err}");
+            }
+        }
+        ctx.local_status = Some(error.status());
+        FailToProxy {
+            error_code: error.status(),
+            can_reuse_downstream: false,
+        }
+    }
+
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
+        // A client that goes away mid-stream is normal for chat UIs, not an error.
+        e.esource() == &ErrorSource::Downstream
+            && matches!(
+                e.etype(),
+                ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed
+            )
+    }
+
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        // 8. Record.
+        let status = session
+            .response_written()
+            .map(|r| r.status.as_u16())
+            .or(ctx.local_status)
+            .unwrap_or(0);
+        let service = self.service_label(ctx);
+        if ctx.streaming {
+            self.metrics.stream_ended(service);
+        }
+        self.metrics.record(
+            service,
+            &session.req_header().method,
+            status,
+            ctx.start.elapsed(),
+            ctx.upstream_ttfb,
+            ctx.auth_failure,
+        );
+    }
+}
+
+impl Gateway {
+    /// A bounded metric label: a registered service, `_local` or `_unknown`.
+    fn service_label(&self, ctx: &RequestCtx) -> &str {
+        match (ctx.route, ctx.local_status) {
+            (Some(i), _) => &self.services[i].name,
+            (None, Some(200)) => "_local",
+            _ => "_unknown",
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Assembles the Pingora server from a validated config: the proxy service on the data-plane
+//! listeners, the metrics endpoint, and the JWKS refresher.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::{Server, ShutdownWatch};
+use pingora::services::background::{background_service, BackgroundService};
+use pingora::services::listening::Service;
+
+use crate::auth::api_keys::{ApiKeyVerifier, SqliteStore};
+use crate::auth::jwt::JwtVerifier;
+use crate::auth::Authenticator;
+use crate::config::Config;
+use crate::metrics::{Metrics, MetricsApp};
+use crate::proxy::Gateway;
+
+pub struct ServeOptions {
+    pub daemon: bool,
+    pub upgrade: bool,
+}
+
+/// Runs until shutdown; returns only on a start-up error.
+pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
+    // Stores and key sets are opened now, so a bad database path or an unreachable issuer
+    // fails at start-up, not on the first request. The runtime is dropped before Pingora forks.
+    let (auth, jwt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?
+        .block_on(build_auth(&config))?;
+
+    let server_conf = ServerConf {
+        threads: config.server.threads,
+        grace_period_seconds: Some(config.server.grace_period_seconds),
+        graceful_shutdown_timeout_seconds: Some(config.server.graceful_shutdown_timeout_seconds),
+        upgrade_sock: config.server.upgrade_sock.clone(),
+        pid_file: config.server.pid_file.clone(),
+        ..ServerConf::default()
+    };
+    let opt = Opt {
+        upgrade: options.upgrade,
+        daemon: options.daemon,
+        nocapture: false,
+        test: false,
+        conf: None,
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, server_conf);
+    server.bootstrap();
+
+    let metrics = Arc::new(Metrics::new());
+    let gateway = Gateway::new(&config, auth, metrics.clone());
+    let mut proxy =
+        pingora::proxy::http_proxy_service_with_name(&server.configuration, gateway, "portcullis");
+    for addr in &config.server.listen {
+        proxy.add_tcp(addr);
+    }
+    proxy.threads = Some(config.server.threads);
+    server.add_service(proxy);
+
+    if let Some(m) = &config.metrics {
+        let mut service = Service::new("metrics".to_string(), MetricsApp(metrics));
+        service.add_tcp(&m.listen);
+        service.threads = Some(1);
+        server.add_service(service);
+    }
+    if let Some(jwt) = jwt {
+        server.add_service(background_service("jwks refresh", JwksRefresh(jwt)));
+    }
+    log::info!(
+        "portcullis listening on {} with services {}",
+        config.server.listen.join(", "),
+        config
+            .services
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    server.run_forever()
+}
+
+async fn build_auth(config: &Config) -> Result<(Authenticator, Option<Arc<JwtVerifier>>), String> {
+    let mut auth = Authenticator::default();
+    if let Some(keys) = &config.api_keys {
+        let store = SqliteStore::open(&keys.database)
+            .await
+            .map_err(|e| format!("auth.api_keys.database: cannot open: {e}"))?;
+        auth.api_keys = Some(ApiKeyVerifier::new(
+            Arc::new(store),
+            keys.cache_ttl,
+            keys.negative_cache_ttl,
+        ));
+    }
+    let jwt = match &config.jwt {
+        Some(settings) => Some(Arc::new(
+            JwtVerifier::new(settings.clone())
+                .await
+                .map_err(|e| format!("auth.jwt: {e}"))?,
+        )),
+        None => None,
+    };
+    auth.jwt = jwt.clone();
+    Ok((auth, jwt))
+}
+
+struct JwksRefresh(Arc<JwtVerifier>);
+
+#[async_trait]
+impl BackgroundService for JwksRefresh {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        tokio::select! {
+            _ = self.0.clone().refresh_loop() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
