@@ -93,13 +93,7 @@ fn keys(command: KeysCommand) -> Result<(), String> {
         | KeysCommand::List { config }
         | KeysCommand::Revoke { config, .. } => config.clone(),
     };
-    let config = Config::from_file(&config_path).map_err(|e| e.to_string())?;
-    let settings = config.api_keys.ok_or_else(|| {
-        format!(
-            "{}: auth.api_keys: section missing, so there is no key store",
-            config_path.display()
-        )
-    })?;
+    let settings = Config::key_store_from_file(&config_path).map_err(|e| e.to_string())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -173,9 +173,34 @@ impl Config {
         }
     }
 
-    pub fn service(&self, name: &[u8]) -> Option<&ServiceConfig> {
-        self.services.iter().find(|s| s.name.as_bytes() == name)
+    /// Only the key store, for the `keys` commands: they need no upstream secrets or DNS.
+    pub fn key_store_from_file(path: &Path) -> Result<ApiKeySettings, ConfigError> {
+        let shown = path.display().to_string();
+        let one = |problem: String| ConfigError {
+            problems: vec![problem],
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| one(format!("{shown}: cannot read: {e}")))?;
+        let raw: file::File =
+            toml::from_str(&text).map_err(|e| one(format!("{shown}: {}", e.to_string().trim_end())))?;
+        let raw_keys = raw.auth.api_keys.ok_or_else(|| {
+            one(format!("{shown}: auth.api_keys: section missing, so there is no key store"))
+        })?;
+        let lookup = |name: &str| std::env::var(name).ok();
+        let mut v = Validator {
+            file: shown,
+            problems: Vec::new(),
+            lookup: &lookup,
+        };
+        let settings = v.api_keys(raw_keys);
+        if v.problems.is_empty() {
+            Ok(settings)
+        } else {
+            Err(ConfigError {
+                problems: v.problems,
+            })
+        }
     }
+
 }
 
 struct Validator<'a> {

@@ -1,0 +1,118 @@
+use std::path::Path;
+
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::from_str(Path::new("test.toml"), text, |name| {
+        (name == "CHATX_UPSTREAM_KEY").then(|| "sk-upstream".to_string())
+    })
+}
+
+fn problems(text: &str) -> String {
+    parse(text).unwrap_err().to_string()
+}
+
+const MINIMAL: &str = "[services.infer]\nupstream = \"http://127.0.0.1:8000\"\nscope = \"infer\"\n";
+
+#[test]
+fn the_reference_config_parses() {
+    // The reference names example hosts; resolve them locally so the test needs no DNS.
+    let text = std::fs::read_to_string("conf/portcullis.toml")
+        .unwrap()
+        .replace("api.provider-x.example", "127.0.0.1")
+        .replace("api.provider-y.example", "127.0.0.1")
+        .replace("console.example.com", "127.0.0.1");
+    let c = parse(&text).unwrap();
+    assert_eq!(c.services.len(), 4);
+    let chatx = c.services.iter().find(|s| s.name == "chatx").unwrap();
+    assert!(chatx.upstream.tls);
+    assert_eq!(chatx.upstream.port, 443);
+    assert_eq!(chatx.upstream_headers[0].1, "Bearer sk-upstream");
+    let chaty = c.services.iter().find(|s| s.name == "chaty").unwrap();
+    assert_eq!(chaty.upstream.base_path, "/openai");
+    assert_eq!(c.server.max_request_body_bytes, 33_554_432);
+    assert_eq!(c.api_keys.unwrap().cache_ttl, Duration::from_secs(15));
+    assert_eq!(c.jwt.unwrap().algorithms.len(), 3);
+}
+
+#[test]
+fn the_demo_config_parses() {
+    let text = std::fs::read_to_string("conf/demo.toml").unwrap();
+    assert_eq!(parse(&text).unwrap().services.len(), 4);
+}
+
+#[test]
+fn defaults_apply() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.server.listen, vec!["127.0.0.1:8080"]);
+    assert_eq!(c.server.max_request_body_bytes, DEFAULT_MAX_BODY);
+    let s = &c.services[0];
+    assert_eq!(s.connect_timeout, Duration::from_secs(3));
+    assert_eq!(s.read_timeout, Duration::from_secs(300));
+    assert_eq!(s.upstream.base_path, "");
+    assert_eq!(s.upstream.host_header, "127.0.0.1:8000");
+    assert!(c.api_keys.is_none() && c.jwt.is_none() && c.metrics.is_none());
+}
+
+#[test]
+fn unknown_keys_are_refused_naming_file_and_key() {
+    let p = problems(&format!("{MINIMAL}[server]\nlisten_addr = \"x\"\n"));
+    assert!(p.contains("test.toml") && p.contains("listen_addr"), "{p}");
+    let p = problems(&format!("{MINIMAL}timeout = 3\n"));
+    assert!(p.contains("timeout"), "{p}");
+}
+
+#[test]
+fn unset_variables_are_refused_without_echoing_values() {
+    let p = problems(
+        "[services.x]\nupstream = \"http://127.0.0.1:1\"\nscope = \"x\"\n\
+         [services.x.upstream_headers]\nauthorization = \"Bearer ${NOT_SET}\"\n",
+    );
+    assert!(p.contains("services.x.upstream_headers.authorization") && p.contains("NOT_SET"), "{p}");
+    let p = problems(
+        "[services.x]\nupstream = \"http://127.0.0.1:1\"\nscope = \"x\"\n\
+         [services.x.upstream_headers]\nx-key = \"${CHATX_UPSTREAM_KEY}\\n\"\n",
+    );
+    assert!(p.contains("not a valid header value") && !p.contains("sk-upstream"), "{p}");
+}
+
+#[test]
+fn every_problem_is_listed_at_once() {
+    let p = problems(
+        "[services.a]\nscope = \"a\"\n\
+         [services.b]\nupstream = \"http://127.0.0.1:1\"\n\
+         [services.c]\nupstream = \"ftp://127.0.0.1\"\nscope = \"c\"\n\
+         [services.d]\nupstream = \"http://user:pw@127.0.0.1\"\nscope = \"d\"\n\
+         [services.E]\nupstream = \"http://127.0.0.1\"\nscope = \"e\"\n\
+         [services.f]\nupstream = \"http://127.0.0.1\"\nscope = \"f\"\n\
+         [services.f.upstream_headers]\nhost = \"evil\"\n",
+    );
+    for needle in [
+        "services.a.upstream: is required",
+        "services.b.scope: is required",
+        "services.c.upstream",
+        "services.d.upstream: must not carry credentials",
+        "services.E: a service name",
+        "services.f.upstream_headers.host",
+    ] {
+        assert!(p.contains(needle), "missing `{needle}` in:\n{p}");
+    }
+    assert!(!p.contains("pw"), "{p}");
+}
+
+#[test]
+fn refuses_bad_server_and_auth_values() {
+    let p = problems(&format!("{MINIMAL}[server]\nlisten = [\"nope\"]\nthreads = 0\n"));
+    assert!(p.contains("server.listen") && p.contains("server.threads"), "{p}");
+    let p = problems(&format!(
+        "{MINIMAL}[auth.jwt]\nissuer = \"not a url\"\naudience = \"a\"\nalgorithms = [\"HS256\", \"none\"]\n"
+    ));
+    assert!(p.contains("auth.jwt.issuer") && p.contains("`HS256`") && p.contains("`none`"), "{p}");
+    let p = problems(&format!("{MINIMAL}[auth.api_keys]\ndatabase = \"mysql://x\"\n"));
+    assert!(p.contains("auth.api_keys.database"), "{p}");
+}
+
+#[test]
+fn no_services_is_an_error() {
+    assert!(problems("").contains("no service is configured"));
+}

@@ -1,0 +1,38 @@
+# Portcullis: `make run` starts the demo, `make test` runs every test, `make bench` prints figures.
+CARGO ?= cargo
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all build deps run test bench fmt lint clean
+
+all: build
+
+# Pingora's zlib-ng build needs cmake; install it when the machine lacks it.
+deps:
+	@command -v cmake >/dev/null 2>&1 || { \
+	  echo "installing cmake (needed by Pingora's zlib-ng build)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake >/dev/null; }
+
+build: deps
+	$(CARGO) build
+
+run: build
+	scripts/demo.sh
+
+test: deps
+	$(CARGO) test --all-targets -- --test-threads=4
+	scripts/sdk-tests.sh
+
+bench: deps
+	$(CARGO) bench --bench auth
+	scripts/loadbench.sh
+
+fmt:
+	$(CARGO) fmt --all
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+clean:
+	$(CARGO) clean
+	rm -rf data

@@ -1,0 +1,295 @@
+//! Test harness: a recording upstream on real TCP, the real gateway binary as a child
+//! process on loopback, API keys made through the real CLI, and a raw HTTP client for
+//! requests no well-behaved client library would send.
+#![allow(dead_code)]
+
+pub mod upstream;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_portcullis");
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Service<'a> {
+    pub name: &'a str,
+    pub upstream: String,
+    pub scope: &'a str,
+    /// Extra lines inside the service's table, e.g. `read_timeout_seconds = 1`.
+    pub extra: &'a str,
+}
+
+impl<'a> Service<'a> {
+    pub fn new(name: &'a str, upstream: impl Into<String>) -> Service<'a> {
+        Service {
+            name,
+            upstream: upstream.into(),
+            scope: name,
+            extra: "",
+        }
+    }
+}
+
+pub struct Gateway {
+    pub port: u16,
+    pub metrics_port: u16,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    child: Child,
+}
+
+pub struct GatewayBuilder<'a> {
+    services: Vec<Service<'a>>,
+    extra: String,
+    env: Vec<(String, String)>,
+    cache_ttl: u64,
+}
+
+impl<'a> GatewayBuilder<'a> {
+    pub fn service(mut self, s: Service<'a>) -> Self {
+        self.services.push(s);
+        self
+    }
+
+    /// Extra TOML appended after the generated sections.
+    pub fn extra(mut self, toml: &str) -> Self {
+        self.extra.push_str(toml);
+        self
+    }
+
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    pub fn cache_ttl(mut self, seconds: u64) -> Self {
+        self.cache_ttl = seconds;
+        self
+    }
+
+    pub fn start(self) -> Gateway {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let metrics_port = free_port();
+        let d = dir.path().display();
+        let mut toml = format!(
+            "[server]\nlisten = [\"127.0.0.1:{port}\"]\nthreads = 2\n\
+             grace_period_seconds = 5\ngraceful_shutdown_timeout_seconds = 1\n\
+             upgrade_sock = \"{d}/upgrade.sock\"\npid_file = \"{d}/portcullis.pid\"\n\
+             max_request_body_bytes = 4096\n\
+             [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\
+             [auth.api_keys]\ndatabase = \"sqlite://{d}/keys.db\"\n\
+             cache_ttl_seconds = {}\nnegative_cache_ttl_seconds = 1\n",
+            self.cache_ttl
+        );
+        for s in &self.services {
+            toml.push_str(&format!(
+                "[services.{}]\nupstream = \"{}\"\nscope = \"{}\"\n{}\n",
+                s.name, s.upstream, s.scope, s.extra
+            ));
+        }
+        toml.push_str(&self.extra);
+        let config = dir.path().join("portcullis.toml");
+        std::fs::write(&config, toml).unwrap();
+        let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let gw = Gateway {
+            port,
+            metrics_port,
+            dir,
+            config,
+            child,
+        };
+        gw.wait_ready();
+        gw
+    }
+}
+
+impl Gateway {
+    pub fn builder<'a>() -> GatewayBuilder<'a> {
+        GatewayBuilder {
+            services: Vec::new(),
+            extra: String::new(),
+            env: Vec::new(),
+            cache_ttl: 15,
+        }
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok((200, _, _)) = try_raw(self.port, b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("gateway did not start:\n{}", self.log());
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Creates a key through the real CLI; returns (full key, key id).
+    pub fn create_key(&self, scopes: &str, extra: &[&str]) -> (String, String) {
+        let out = cli(&self.config, &[&["keys", "create", "--name", "test", "--scopes", scopes], extra].concat());
+        assert!(out.status.success(), "keys create failed: {}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let key = stdout.lines().last().unwrap().to_string();
+        let id = key
+            .strip_prefix("ak_")
+            .and_then(|k| k.split('.').next())
+            .unwrap()
+            .to_string();
+        (key, id)
+    }
+
+    pub fn revoke(&self, key_id: &str) {
+        let out = cli(&self.config, &["keys", "revoke", key_id]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    pub fn raw(&self, request: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+        raw(self.port, request)
+    }
+
+    pub fn metrics(&self) -> String {
+        let (status, _, body) = raw(
+            self.metrics_port,
+            b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n",
+        );
+        assert_eq!(status, 200);
+        String::from_utf8(body).unwrap()
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+
+    /// Waits for the process to exit; None if it is still running after `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the CLI with `--config` appended to the subcommand's arguments.
+pub fn cli(config: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// Sends raw bytes (the request should say `Connection: close`) and parses the response.
+pub fn raw(port: u16, request: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    try_raw(port, request).unwrap_or_else(|e| panic!("raw request failed: {e}"))
+}
+
+pub fn try_raw(port: u16, request: &[u8]) -> std::io::Result<(u16, Vec<(String, String)>, Vec<u8>)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(15)))?;
+    s.write_all(request)?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && !buf.is_empty() => break,
+            Err(e) => return Err(e),
+        }
+        if let Some(done) = complete_response(&buf) {
+            buf.truncate(done);
+            break;
+        }
+    }
+    parse_response(&buf).ok_or_else(|| std::io::Error::other(format!("unparsable response: {:?}", String::from_utf8_lossy(&buf))))
+}
+
+/// Length of a complete response with a Content-Length, so keep-alive replies need no close.
+fn complete_response(buf: &[u8]) -> Option<usize> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut resp = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(head) = resp.parse(buf).ok()? else { return None };
+    let len: usize = resp
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| std::str::from_utf8(h.value).ok()?.parse().ok())?;
+    (buf.len() >= head + len).then_some(head + len)
+}
+
+fn parse_response(buf: &[u8]) -> Option<(u16, Vec<(String, String)>, Vec<u8>)> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut resp = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(head) = resp.parse(buf).ok()? else { return None };
+    let headers = resp
+        .headers
+        .iter()
+        .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into_owned()))
+        .collect();
+    Some((resp.code?, headers, buf[head..].to_vec()))
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
