@@ -20,11 +20,9 @@ run: build
 
 test: deps
 	$(CARGO) test --all-targets -- --test-threads=4
-	scripts/sdk-tests.sh
 
 bench: deps
-	$(CARGO) bench --bench auth
-	scripts/loadbench.sh
+	$(CARGO) bench
 
 fmt:
 	$(CARGO) fmt --all
