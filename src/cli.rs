@@ -11,7 +11,11 @@ use crate::config::Config;
 use crate::server::{self, ServeOptions};
 
 #[derive(Parser)]
-#[command(name = "portcullis", version, about = "Authenticated HTTP gateway for LLM APIs")]
+#[command(
+    name = "portcullis",
+    version,
+    about = "Authenticated HTTP gateway for LLM APIs"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -125,7 +129,10 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                 Ok(())
             }
             KeysCommand::List { .. } => {
-                let keys = store.list().await.map_err(|e| format!("cannot list keys: {e}"))?;
+                let keys = store
+                    .list()
+                    .await
+                    .map_err(|e| format!("cannot list keys: {e}"))?;
                 print_keys(&keys);
                 Ok(())
             }
@@ -221,7 +228,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if n == 0 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(bad());
     }
-    n.checked_mul(unit_secs).map(Duration::from_secs).ok_or_else(bad)
+    n.checked_mul(unit_secs)
+        .map(Duration::from_secs)
+        .ok_or_else(bad)
 }
 
 #[cfg(test)]
@@ -234,7 +243,17 @@ mod tests {
         assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
         assert_eq!(parse_duration("12h"), Ok(Duration::from_secs(43_200)));
         assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(7_776_000)));
-        for bad in ["", "s", "10", "0s", "-5m", "+5m", "1.5h", "10w", "99999999999999999999d"] {
+        for bad in [
+            "",
+            "s",
+            "10",
+            "0s",
+            "-5m",
+            "+5m",
+            "1.5h",
+            "10w",
+            "99999999999999999999d",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

@@ -32,13 +32,19 @@ impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new("portcullis_requests_total", "Requests answered, by service, method and status."),
+            Opts::new(
+                "portcullis_requests_total",
+                "Requests answered, by service, method and status.",
+            ),
             &["service", "method", "status"],
         )
         .expect("valid metric");
         let duration = HistogramVec::new(
-            HistogramOpts::new("portcullis_request_duration_seconds", "Whole-request duration.")
-                .buckets(BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "portcullis_request_duration_seconds",
+                "Whole-request duration.",
+            )
+            .buckets(BUCKETS.to_vec()),
             &["service"],
         )
         .expect("valid metric");
@@ -52,7 +58,10 @@ impl Metrics {
         )
         .expect("valid metric");
         let auth_failures = IntCounterVec::new(
-            Opts::new("portcullis_auth_failures_total", "Authentication failures by internal reason."),
+            Opts::new(
+                "portcullis_auth_failures_total",
+                "Authentication failures by internal reason.",
+            ),
             &["kind"],
         )
         .expect("valid metric");
@@ -158,7 +167,11 @@ impl ServeHttp for MetricsApp {
         let (status, content_type, body) = if path == "/metrics" {
             (200, "text/plain; version=0.0.4", self.0.render())
         } else {
-            (404, "application/json", br#"{"error":"not_found"}"#.to_vec())
+            (
+                404,
+                "application/json",
+                br#"{"error":"not_found"}"#.to_vec(),
+            )
         };
         Response::builder()
             .status(status)

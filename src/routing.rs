@@ -29,7 +29,10 @@ pub fn classify<'a>(method: &Method, target: &'a [u8]) -> Result<Target<'a>, Gat
     if !is_allowed_method(method) {
         return Err(GatewayError::MethodNotAllowed);
     }
-    let path_end = target.iter().position(|&b| b == b'?').unwrap_or(target.len());
+    let path_end = target
+        .iter()
+        .position(|&b| b == b'?')
+        .unwrap_or(target.len());
     let (path, query) = target.split_at(path_end);
     check_path(path)?;
     if query.iter().any(|&b| is_control(b)) {
@@ -100,7 +103,10 @@ fn check_path(path: &[u8]) -> Result<(), GatewayError> {
                 i += 1;
                 continue;
             }
-            Some(b'%') => match (path.get(i + 1).and_then(|&b| hex(b)), path.get(i + 2).and_then(|&b| hex(b))) {
+            Some(b'%') => match (
+                path.get(i + 1).and_then(|&b| hex(b)),
+                path.get(i + 2).and_then(|&b| hex(b)),
+            ) {
                 (Some(h), Some(l)) => (h << 4 | l, 3),
                 // A lone `%` is passed through as a literal: the upstream decides.
                 _ => (b'%', 1),
@@ -170,12 +176,22 @@ mod tests {
     #[test]
     fn health_and_outside_paths() {
         assert_eq!(ok("/healthz"), Target::Health);
-        assert_eq!(classify(&Method::HEAD, b"/healthz").unwrap(), Target::Health);
+        assert_eq!(
+            classify(&Method::HEAD, b"/healthz").unwrap(),
+            Target::Health
+        );
         assert_eq!(
             classify(&Method::POST, b"/healthz"),
             Err(GatewayError::MethodNotAllowed)
         );
-        for p in ["/", "/v1", "/v2/infer/x", "/healthz/", "/metrics", "http://h/v1/infer/x"] {
+        for p in [
+            "/",
+            "/v1",
+            "/v2/infer/x",
+            "/healthz/",
+            "/metrics",
+            "http://h/v1/infer/x",
+        ] {
             assert_eq!(ok(p), Target::NotFound, "{p}");
         }
     }
@@ -183,8 +199,14 @@ mod tests {
     #[test]
     fn rejects_unknown_methods_before_looking_at_the_path() {
         let trace = Method::from_bytes(b"TRACE").unwrap();
-        assert_eq!(classify(&trace, b"/v1/../x"), Err(GatewayError::MethodNotAllowed));
-        assert_eq!(classify(&Method::CONNECT, b"/healthz"), Err(GatewayError::MethodNotAllowed));
+        assert_eq!(
+            classify(&trace, b"/v1/../x"),
+            Err(GatewayError::MethodNotAllowed)
+        );
+        assert_eq!(
+            classify(&Method::CONNECT, b"/healthz"),
+            Err(GatewayError::MethodNotAllowed)
+        );
     }
 
     #[test]
@@ -201,7 +223,10 @@ mod tests {
             assert_eq!(bad(p), Malformed::DotSegment, "{p}");
         }
         // Three dots or dots inside a name are ordinary segments.
-        assert!(matches!(ok("/v1/infer/.../a.b/..c"), Target::Protected { .. }));
+        assert!(matches!(
+            ok("/v1/infer/.../a.b/..c"),
+            Target::Protected { .. }
+        ));
     }
 
     #[test]
@@ -216,7 +241,10 @@ mod tests {
         assert_eq!(bad("/v1/infer/a?q=\x7f"), Malformed::ControlCharacter);
         assert_eq!(bad("/v1/infer/a//b"), Malformed::EmptySegment);
         // A trailing slash is not an empty segment in the middle.
-        assert!(matches!(ok("/v1/infer/v1/models/"), Target::Protected { .. }));
+        assert!(matches!(
+            ok("/v1/infer/v1/models/"),
+            Target::Protected { .. }
+        ));
         // A lone percent sign is literal.
         assert!(matches!(ok("/v1/infer/100%"), Target::Protected { .. }));
     }

@@ -74,9 +74,16 @@ async fn unknown_services_are_404_only_after_authentication() {
     let (key, _) = gw.create_key("infer", &[]);
     for path in ["/v1/nope/v1/models", "/v1/infer", "/v1/", "/v1/INFER/x"] {
         let (status, _, body) = gw.raw(&get(path, &key, ""));
-        assert_eq!((status, body.as_slice()), (404, &br#"{"error":"not_found"}"#[..]), "{path}");
+        assert_eq!(
+            (status, body.as_slice()),
+            (404, &br#"{"error":"not_found"}"#[..]),
+            "{path}"
+        );
         let (status, headers, body) = gw.raw(&get(path, "wrong", ""));
-        assert_eq!(status, 401, "{path}: an unauthenticated caller must learn nothing");
+        assert_eq!(
+            status, 401,
+            "{path}: an unauthenticated caller must learn nothing"
+        );
         assert_eq!(body, br#"{"error":"unauthorized"}"#);
         assert_eq!(header(&headers, "www-authenticate"), Some("Bearer"));
     }
@@ -87,9 +94,17 @@ async fn unknown_services_are_404_only_after_authentication() {
 async fn paths_outside_v1_are_404_without_authentication() {
     let up = Upstream::start();
     let gw = gateway_with(&up);
-    for path in ["/", "/v2/infer/x", "/metrics", "/healthz/", "/v1", "/index.html"] {
-        let (status, headers, body) =
-            gw.raw(format!("GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n").as_bytes());
+    for path in [
+        "/",
+        "/v2/infer/x",
+        "/metrics",
+        "/healthz/",
+        "/v1",
+        "/index.html",
+    ] {
+        let (status, headers, body) = gw.raw(
+            format!("GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n").as_bytes(),
+        );
         assert_eq!(status, 404, "{path}");
         assert_eq!(header(&headers, "content-type"), Some("application/json"));
         assert_eq!(body, br#"{"error":"not_found"}"#);
@@ -106,12 +121,16 @@ async fn methods_outside_the_allowed_set_are_405() {
         let req = format!("{method} /v1/infer/v1/models HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n");
         let (status, headers, body) = gw.raw(req.as_bytes());
         assert_eq!(status, 405, "{method}");
-        assert_eq!(header(&headers, "allow"), Some("GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"));
+        assert_eq!(
+            header(&headers, "allow"),
+            Some("GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS")
+        );
         let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(body["error"], "method_not_allowed");
     }
     // The method is checked before the path or the token.
-    let (status, _, _) = gw.raw(b"TRACE /v1/infer/../x HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n");
+    let (status, _, _) =
+        gw.raw(b"TRACE /v1/infer/../x HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n");
     assert_eq!(status, 405);
     assert!(up.requests().is_empty());
 }
@@ -144,7 +163,10 @@ async fn malformed_paths_are_400_before_authentication() {
             assert!(body["message"].is_string());
         }
     }
-    assert!(up.requests().is_empty(), "a malformed path reached the upstream");
+    assert!(
+        up.requests().is_empty(),
+        "a malformed path reached the upstream"
+    );
 }
 
 #[tokio::test]
@@ -160,13 +182,22 @@ async fn client_credentials_never_reach_the_upstream_and_configured_headers_do()
         let got = up.last();
         assert_eq!(got.header("cookie"), None);
         assert_eq!(got.header("proxy-authorization"), None);
-        assert!(!format!("{:?}", got.headers).contains(&key), "the client's key was forwarded");
-        assert_eq!(got.header("host"), Some(format!("127.0.0.1:{}", up.port).as_str()));
+        assert!(
+            !format!("{:?}", got.headers).contains(&key),
+            "the client's key was forwarded"
+        );
+        assert_eq!(
+            got.header("host"),
+            Some(format!("127.0.0.1:{}", up.port).as_str())
+        );
         assert_eq!(got.header("x-forwarded-for"), Some("127.0.0.1"));
         assert_eq!(got.header_count("x-forwarded-for"), 1);
         assert_eq!(got.header("x-forwarded-proto"), Some("http"));
         if path.contains("chatx") {
-            assert_eq!(got.header("authorization"), Some("Bearer upstream-secret-42"));
+            assert_eq!(
+                got.header("authorization"),
+                Some("Bearer upstream-secret-42")
+            );
             assert_eq!(got.header("x-api-key"), Some("upstream-secret-42"));
             assert_eq!(got.header_count("x-api-key"), 1);
         } else {
@@ -174,7 +205,10 @@ async fn client_credentials_never_reach_the_upstream_and_configured_headers_do()
             assert_eq!(got.header("x-api-key"), Some("client-chosen"));
         }
     }
-    assert!(!gw.log().contains("upstream-secret-42"), "an upstream credential was logged");
+    assert!(
+        !gw.log().contains("upstream-secret-42"),
+        "an upstream credential was logged"
+    );
     assert!(!gw.log().contains(&key[20..]), "a client secret was logged");
 }
 
@@ -188,7 +222,11 @@ async fn request_ids_are_kept_when_well_formed_and_made_otherwise() {
     assert_eq!(up.last().header("x-request-id"), Some("abc.DEF_123-x"));
     let too_long = "a".repeat(129);
     for bad in ["has space", "semi;colon", too_long.as_str(), ""] {
-        let (_, headers, _) = gw.raw(&get("/v1/infer/x", &key, &format!("X-Request-Id: {bad}\r\n")));
+        let (_, headers, _) = gw.raw(&get(
+            "/v1/infer/x",
+            &key,
+            &format!("X-Request-Id: {bad}\r\n"),
+        ));
         let returned = header(&headers, "x-request-id").unwrap().to_string();
         assert_eq!(returned.len(), 32, "{bad:?}");
         assert_ne!(returned, bad);
@@ -214,7 +252,12 @@ async fn session_and_challenge_headers_are_removed_from_responses() {
     let (key, _) = gw.create_key("infer", &[]);
     let (status, headers, _) = gw.raw(&get("/v1/infer/x", &key, ""));
     assert_eq!(status, 200);
-    for name in ["set-cookie", "set-cookie2", "www-authenticate", "proxy-authenticate"] {
+    for name in [
+        "set-cookie",
+        "set-cookie2",
+        "www-authenticate",
+        "proxy-authenticate",
+    ] {
         assert_eq!(header(&headers, name), None, "{name} leaked");
     }
     assert_eq!(header(&headers, "x-upstream-header"), Some("kept"));
@@ -252,13 +295,23 @@ async fn sse_reaches_the_client_chunk_by_chunk_even_with_gzip_accepted() {
         arrivals.push(Instant::now());
         text.push_str(std::str::from_utf8(&chunk).unwrap());
     }
-    assert!(text.contains("tok0 ") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(
+        text.contains("tok0 ") && text.ends_with("data: [DONE]\n\n"),
+        "{text}"
+    );
     let log = up.stream(0);
     let sent = log.lock().unwrap().sent.clone();
     assert_eq!(sent.len(), 7);
     // Generous bound, not a benchmark: the first event is seen long before the last is sent.
-    assert!(arrivals[0] + Duration::from_millis(500) < *sent.last().unwrap(), "the stream was buffered");
-    assert!(arrivals.len() >= 4, "events were coalesced: {} chunks", arrivals.len());
+    assert!(
+        arrivals[0] + Duration::from_millis(500) < *sent.last().unwrap(),
+        "the stream was buffered"
+    );
+    assert!(
+        arrivals.len() >= 4,
+        "events were coalesced: {} chunks",
+        arrivals.len()
+    );
 }
 
 #[tokio::test]
@@ -283,7 +336,10 @@ async fn a_client_leaving_mid_stream_closes_the_upstream_connection() {
             assert!(at - left < Duration::from_secs(3));
             break;
         }
-        assert!(Instant::now() < deadline, "the upstream kept generating for a departed client");
+        assert!(
+            Instant::now() < deadline,
+            "the upstream kept generating for a departed client"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(!log.lock().unwrap().finished);
@@ -293,19 +349,25 @@ async fn a_client_leaving_mid_stream_closes_the_upstream_connection() {
 async fn healthz_answers_locally_without_auth_or_upstream() {
     // Upstreams that refuse every connection: health must not care.
     let dead = format!("http://127.0.0.1:{}", common::free_port());
-    let gw = Gateway::builder().service(Service::new("infer", dead)).start();
-    let (status, headers, body) = gw.raw(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n");
+    let gw = Gateway::builder()
+        .service(Service::new("infer", dead))
+        .start();
+    let (status, headers, body) =
+        gw.raw(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n");
     assert_eq!(status, 200);
     assert_eq!(header(&headers, "content-type"), Some("application/json"));
     assert_eq!(body, br#"{"status":"ok"}"#);
-    let (status, headers, body) = gw.raw(b"HEAD /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n");
+    let (status, headers, body) =
+        gw.raw(b"HEAD /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n");
     assert_eq!(status, 200);
     assert_eq!(header(&headers, "content-length"), Some("15"));
     assert!(body.is_empty());
     // A token, even a bad one, changes nothing.
     let (status, _, _) = gw.raw(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer junk\r\nConnection: close\r\n\r\n");
     assert_eq!(status, 200);
-    let (status, _, _) = gw.raw(b"POST /healthz HTTP/1.1\r\nHost: gw\r\ncontent-length: 0\r\nConnection: close\r\n\r\n");
+    let (status, _, _) = gw.raw(
+        b"POST /healthz HTTP/1.1\r\nHost: gw\r\ncontent-length: 0\r\nConnection: close\r\n\r\n",
+    );
     assert_eq!(status, 405);
 }
 
@@ -363,7 +425,11 @@ async fn bodies_over_the_limit_are_413_declared_or_chunked() {
     assert_eq!(status, 413);
     let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["error"], "payload_too_large");
-    assert_eq!(up.requests().len(), before, "a declared oversize body reached the upstream");
+    assert_eq!(
+        up.requests().len(),
+        before,
+        "a declared oversize body reached the upstream"
+    );
     // Chunked: no length declared, counted as it arrives.
     let chunk = "y".repeat(1000);
     let mut req = format!("POST /v1/infer/x HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\ntransfer-encoding: chunked\r\nConnection: close\r\n\r\n");
@@ -397,7 +463,10 @@ async fn every_401_is_byte_identical() {
     ];
     let mut seen = None;
     for auth in &auths {
-        let auth_line = auth.as_ref().map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+        let auth_line = auth
+            .as_ref()
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
         let req = format!("GET /v1/infer/v1/models HTTP/1.1\r\nHost: gw\r\n{auth_line}X-Request-Id: same\r\nConnection: close\r\n\r\n");
         let (status, mut headers, body) = gw.raw(req.as_bytes());
         headers.retain(|(k, _)| k != "date");

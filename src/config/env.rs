@@ -12,10 +12,8 @@ pub fn expand(value: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<St
             .find('}')
             .ok_or_else(|| "has a `${` without a closing `}`".to_string())?;
         let name = &after[..end];
-        let valid = !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        let valid =
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if !valid {
             return Err(format!("names an invalid variable `${{{name}}}`"));
         }
@@ -38,7 +36,10 @@ mod tests {
     #[test]
     fn expands_set_variables_and_keeps_lone_dollars() {
         assert_eq!(expand("Bearer ${KEY}", env).unwrap(), "Bearer s3cret");
-        assert_eq!(expand("$5 ${KEY}${KEY}", env).unwrap(), "$5 s3cret" .to_string() + "s3cret");
+        assert_eq!(
+            expand("$5 ${KEY}${KEY}", env).unwrap(),
+            "$5 s3cret".to_string() + "s3cret"
+        );
     }
 
     #[test]

@@ -179,11 +179,14 @@ impl Config {
         let one = |problem: String| ConfigError {
             problems: vec![problem],
         };
-        let text = std::fs::read_to_string(path).map_err(|e| one(format!("{shown}: cannot read: {e}")))?;
-        let raw: file::File =
-            toml::from_str(&text).map_err(|e| one(format!("{shown}: {}", e.to_string().trim_end())))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| one(format!("{shown}: cannot read: {e}")))?;
+        let raw: file::File = toml::from_str(&text)
+            .map_err(|e| one(format!("{shown}: {}", e.to_string().trim_end())))?;
         let raw_keys = raw.auth.api_keys.ok_or_else(|| {
-            one(format!("{shown}: auth.api_keys: section missing, so there is no key store"))
+            one(format!(
+                "{shown}: auth.api_keys: section missing, so there is no key store"
+            ))
         })?;
         let lookup = |name: &str| std::env::var(name).ok();
         let mut v = Validator {
@@ -200,7 +203,6 @@ impl Config {
             })
         }
     }
-
 }
 
 struct Validator<'a> {
@@ -233,7 +235,10 @@ impl Validator<'_> {
         }
         for addr in &listen {
             if addr.parse::<SocketAddr>().is_err() {
-                self.problem("server.listen", format!("`{addr}` is not an ip:port address"));
+                self.problem(
+                    "server.listen",
+                    format!("`{addr}` is not an ip:port address"),
+                );
             }
         }
         let threads = s.threads.unwrap_or_else(|| {
@@ -267,7 +272,10 @@ impl Validator<'_> {
         let database = self
             .expand("auth.api_keys.database", &a.database)
             .unwrap_or_default();
-        if !(database.starts_with("sqlite:") || database.starts_with("postgres://") || database.starts_with("postgresql://")) {
+        if !(database.starts_with("sqlite:")
+            || database.starts_with("postgres://")
+            || database.starts_with("postgresql://"))
+        {
             self.problem(
                 "auth.api_keys.database",
                 "must be a sqlite:// or postgres:// URL",
@@ -312,12 +320,16 @@ impl Validator<'_> {
         if names.is_empty() {
             self.problem("auth.jwt.algorithms", "needs at least one algorithm");
         }
+        let leeway_seconds = j.leeway_seconds.unwrap_or(30);
+        if leeway_seconds > 3600 {
+            self.problem("auth.jwt.leeway_seconds", "at most 3600 is accepted");
+        }
         Some(JwtSettings {
             issuer: j.issuer,
             audience: j.audience,
             jwks_uri: j.jwks_uri,
             algorithms,
-            leeway_seconds: j.leeway_seconds.unwrap_or(30),
+            leeway_seconds,
             token_types: j
                 .token_types
                 .unwrap_or_else(|| vec!["at+jwt".into(), "application/at+jwt".into()]),
@@ -374,7 +386,9 @@ impl Validator<'_> {
                     upstream_headers.push((name, v));
                 }
                 // The value may be a secret: never echo it.
-                Err(_) => self.problem(&hkey, "expands to a value that is not a valid header value"),
+                Err(_) => {
+                    self.problem(&hkey, "expands to a value that is not a valid header value")
+                }
             }
         }
         let seconds = |v: Option<u64>, default: u64| Duration::from_secs(v.unwrap_or(default));
@@ -429,7 +443,10 @@ fn parse_upstream(url: &str) -> Result<Upstream, String> {
         return Err(format!("`{url}` must not have a query string"));
     }
     let bracketed = authority.host();
-    let host = bracketed.trim_start_matches('[').trim_end_matches(']').to_string();
+    let host = bracketed
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
     if host.is_empty() {
         return Err(format!("`{url}` has no host"));
     }

@@ -68,12 +68,18 @@ fn unset_variables_are_refused_without_echoing_values() {
         "[services.x]\nupstream = \"http://127.0.0.1:1\"\nscope = \"x\"\n\
          [services.x.upstream_headers]\nauthorization = \"Bearer ${NOT_SET}\"\n",
     );
-    assert!(p.contains("services.x.upstream_headers.authorization") && p.contains("NOT_SET"), "{p}");
+    assert!(
+        p.contains("services.x.upstream_headers.authorization") && p.contains("NOT_SET"),
+        "{p}"
+    );
     let p = problems(
         "[services.x]\nupstream = \"http://127.0.0.1:1\"\nscope = \"x\"\n\
          [services.x.upstream_headers]\nx-key = \"${CHATX_UPSTREAM_KEY}\\n\"\n",
     );
-    assert!(p.contains("not a valid header value") && !p.contains("sk-upstream"), "{p}");
+    assert!(
+        p.contains("not a valid header value") && !p.contains("sk-upstream"),
+        "{p}"
+    );
 }
 
 #[test]
@@ -102,13 +108,23 @@ fn every_problem_is_listed_at_once() {
 
 #[test]
 fn refuses_bad_server_and_auth_values() {
-    let p = problems(&format!("{MINIMAL}[server]\nlisten = [\"nope\"]\nthreads = 0\n"));
-    assert!(p.contains("server.listen") && p.contains("server.threads"), "{p}");
+    let p = problems(&format!(
+        "{MINIMAL}[server]\nlisten = [\"nope\"]\nthreads = 0\n"
+    ));
+    assert!(
+        p.contains("server.listen") && p.contains("server.threads"),
+        "{p}"
+    );
     let p = problems(&format!(
         "{MINIMAL}[auth.jwt]\nissuer = \"not a url\"\naudience = \"a\"\nalgorithms = [\"HS256\", \"none\"]\n"
     ));
-    assert!(p.contains("auth.jwt.issuer") && p.contains("`HS256`") && p.contains("`none`"), "{p}");
-    let p = problems(&format!("{MINIMAL}[auth.api_keys]\ndatabase = \"mysql://x\"\n"));
+    assert!(
+        p.contains("auth.jwt.issuer") && p.contains("`HS256`") && p.contains("`none`"),
+        "{p}"
+    );
+    let p = problems(&format!(
+        "{MINIMAL}[auth.api_keys]\ndatabase = \"mysql://x\"\n"
+    ));
     assert!(p.contains("auth.api_keys.database"), "{p}");
 }
 

@@ -43,8 +43,7 @@ impl RequestId {
 
     pub fn well_formed(v: &[u8]) -> bool {
         (1..=RequestId::MAX).contains(&v.len())
-            && v
-                .iter()
+            && v.iter()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
     }
 
@@ -71,8 +70,8 @@ pub struct RequestCtx {
     pub streaming: bool,
 }
 
-impl RequestCtx {
-    pub fn new() -> RequestCtx {
+impl Default for RequestCtx {
+    fn default() -> RequestCtx {
         RequestCtx {
             start: Instant::now(),
             request_id: RequestId::from_client_or_new(None),
@@ -95,7 +94,10 @@ mod tests {
 
     #[test]
     fn keeps_well_formed_client_ids_and_replaces_the_rest() {
-        assert_eq!(RequestId::from_client_or_new(Some(b"abc-1.2_3")).as_str(), "abc-1.2_3");
+        assert_eq!(
+            RequestId::from_client_or_new(Some(b"abc-1.2_3")).as_str(),
+            "abc-1.2_3"
+        );
         let long = [b'a'; 129];
         for bad in [&b""[..], b"has space", b"semi;colon", &long] {
             let id = RequestId::from_client_or_new(Some(bad));
@@ -103,6 +105,9 @@ mod tests {
             assert_ne!(id.as_str().as_bytes(), bad);
         }
         let max = [b'z'; 128];
-        assert_eq!(RequestId::from_client_or_new(Some(&max)).as_str().len(), 128);
+        assert_eq!(
+            RequestId::from_client_or_new(Some(&max)).as_str().len(),
+            128
+        );
     }
 }

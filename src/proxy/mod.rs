@@ -34,10 +34,7 @@ pub struct Gateway {
 
 /// What `request_filter` decided, taken out of the borrowed request before acting on it.
 enum Decision {
-    Proxy {
-        route: usize,
-        forward_from: usize,
-    },
+    Proxy { route: usize, forward_from: usize },
     Health,
     Reject(GatewayError),
 }
@@ -80,11 +77,9 @@ impl Gateway {
         };
         ctx.principal = Some(principal.clone());
         // 3. Route.
-        let Some(route) = service.and_then(|name| {
-            self.services
-                .iter()
-                .position(|s| s.name.as_bytes() == name)
-        }) else {
+        let Some(route) =
+            service.and_then(|name| self.services.iter().position(|s| s.name.as_bytes() == name))
+        else {
             return Decision::Reject(GatewayError::NotFound);
         };
         ctx.route = Some(route);
@@ -99,7 +94,9 @@ impl Gateway {
                     return Decision::Reject(GatewayError::PayloadTooLarge)
                 }
                 Some(_) => {}
-                None => return Decision::Reject(GatewayError::BadRequest(Malformed::ContentLength)),
+                None => {
+                    return Decision::Reject(GatewayError::BadRequest(Malformed::ContentLength))
+                }
             }
         }
         Decision::Proxy {
@@ -108,7 +105,12 @@ impl Gateway {
         }
     }
 
-    async fn reject(&self, session: &mut Session, ctx: &mut RequestCtx, e: GatewayError) -> Result<bool> {
+    async fn reject(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        e: GatewayError,
+    ) -> Result<bool> {
         // Never drain an unread body just to keep the connection; and every 401 closes,
         // so all of them look alike and guessing costs a new connection.
         if e == GatewayError::Unauthorized || !session.is_body_empty() {
@@ -116,7 +118,8 @@ impl Gateway {
         }
         let head_only = session.req_header().method == Method::HEAD;
         ctx.local_status = Some(e.status());
-        e.respond(session, ctx.request_id.as_str(), head_only).await?;
+        e.respond(session, ctx.request_id.as_str(), head_only)
+            .await?;
         Ok(true)
     }
 
@@ -139,7 +142,7 @@ impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::new()
+        RequestCtx::default()
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
@@ -181,7 +184,11 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
         let route = ctx
             .route
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
@@ -235,7 +242,12 @@ impl ProxyHttp for Gateway {
         headers::to_client(response, ctx.request_id.as_str())
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
         let Some(error) = GatewayError::from_proxy_error(e) else {
             return FailToProxy {
                 error_code: 0,
@@ -245,7 +257,10 @@ impl ProxyHttp for Gateway {
         // Once a response has started, all that can be done is to cut it.
         if session.response_written().is_none() {
             let head_only = session.req_header().method == Method::HEAD;
-            if let Err(write_err) = error.respond(session, ctx.request_id.as_str(), head_only).await {
+            if let Err(write_err) = error
+                .respond(session, ctx.request_id.as_str(), head_only)
+                .await
+            {
                 log::debug!("could not send error response: {write_err}");
             }
         }

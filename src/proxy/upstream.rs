@@ -7,7 +7,11 @@ use crate::config::ServiceConfig;
 pub fn peer_for(service: &ServiceConfig) -> HttpPeer {
     let up = &service.upstream;
     // SNI is the host name: with rustls an empty SNI would turn certificate checks off.
-    let sni = if up.tls { up.host.clone() } else { String::new() };
+    let sni = if up.tls {
+        up.host.clone()
+    } else {
+        String::new()
+    };
     let mut peer = HttpPeer::new(up.address, up.tls, sni);
     let o = &mut peer.options;
     o.connection_timeout = Some(service.connect_timeout);

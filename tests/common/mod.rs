@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Status, lower-cased headers in order, body.
+pub type RawResponse = (u16, Vec<(String, String)>, Vec<u8>);
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_portcullis");
 
 pub fn free_port() -> u16 {
@@ -137,7 +140,10 @@ impl Gateway {
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            if let Ok((200, _, _)) = try_raw(self.port, b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n") {
+            if let Ok((200, _, _)) = try_raw(
+                self.port,
+                b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+            ) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -159,8 +165,19 @@ impl Gateway {
 
     /// Creates a key through the real CLI; returns (full key, key id).
     pub fn create_key(&self, scopes: &str, extra: &[&str]) -> (String, String) {
-        let out = cli(&self.config, &[&["keys", "create", "--name", "test", "--scopes", scopes], extra].concat());
-        assert!(out.status.success(), "keys create failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = cli(
+            &self.config,
+            &[
+                &["keys", "create", "--name", "test", "--scopes", scopes],
+                extra,
+            ]
+            .concat(),
+        );
+        assert!(
+            out.status.success(),
+            "keys create failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8(out.stdout).unwrap();
         let key = stdout.lines().last().unwrap().to_string();
         let id = key
@@ -173,10 +190,14 @@ impl Gateway {
 
     pub fn revoke(&self, key_id: &str) {
         let out = cli(&self.config, &["keys", "revoke", key_id]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
-    pub fn raw(&self, request: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    pub fn raw(&self, request: &[u8]) -> RawResponse {
         raw(self.port, request)
     }
 
@@ -237,11 +258,11 @@ pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str
 }
 
 /// Sends raw bytes (the request should say `Connection: close`) and parses the response.
-pub fn raw(port: u16, request: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+pub fn raw(port: u16, request: &[u8]) -> RawResponse {
     try_raw(port, request).unwrap_or_else(|e| panic!("raw request failed: {e}"))
 }
 
-pub fn try_raw(port: u16, request: &[u8]) -> std::io::Result<(u16, Vec<(String, String)>, Vec<u8>)> {
+pub fn try_raw(port: u16, request: &[u8]) -> std::io::Result<RawResponse> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(15)))?;
     s.write_all(request)?;
@@ -259,14 +280,21 @@ pub fn try_raw(port: u16, request: &[u8]) -> std::io::Result<(u16, Vec<(String, 
             break;
         }
     }
-    parse_response(&buf).ok_or_else(|| std::io::Error::other(format!("unparsable response: {:?}", String::from_utf8_lossy(&buf))))
+    parse_response(&buf).ok_or_else(|| {
+        std::io::Error::other(format!(
+            "unparsable response: {:?}",
+            String::from_utf8_lossy(&buf)
+        ))
+    })
 }
 
 /// Length of a complete response with a Content-Length, so keep-alive replies need no close.
 fn complete_response(buf: &[u8]) -> Option<usize> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut resp = httparse::Response::new(&mut headers);
-    let httparse::Status::Complete(head) = resp.parse(buf).ok()? else { return None };
+    let httparse::Status::Complete(head) = resp.parse(buf).ok()? else {
+        return None;
+    };
     let len: usize = resp
         .headers
         .iter()
@@ -275,14 +303,21 @@ fn complete_response(buf: &[u8]) -> Option<usize> {
     (buf.len() >= head + len).then_some(head + len)
 }
 
-fn parse_response(buf: &[u8]) -> Option<(u16, Vec<(String, String)>, Vec<u8>)> {
+fn parse_response(buf: &[u8]) -> Option<RawResponse> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut resp = httparse::Response::new(&mut headers);
-    let httparse::Status::Complete(head) = resp.parse(buf).ok()? else { return None };
+    let httparse::Status::Complete(head) = resp.parse(buf).ok()? else {
+        return None;
+    };
     let headers = resp
         .headers
         .iter()
-        .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into_owned()))
+        .map(|h| {
+            (
+                h.name.to_ascii_lowercase(),
+                String::from_utf8_lossy(h.value).into_owned(),
+            )
+        })
         .collect();
     Some((resp.code?, headers, buf[head..].to_vec()))
 }

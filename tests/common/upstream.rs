@@ -26,7 +26,10 @@ impl Recorded {
     }
 
     pub fn header_count(&self, name: &str) -> usize {
-        self.headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case(name)).count()
+        self.headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            .count()
     }
 }
 
@@ -66,7 +69,9 @@ impl Upstream {
             rt.block_on(async move {
                 let listener = TcpListener::from_std(std_listener).unwrap();
                 loop {
-                    let Ok((conn, _)) = listener.accept().await else { continue };
+                    let Ok((conn, _)) = listener.accept().await else {
+                        continue;
+                    };
                     tokio::spawn(serve(conn, s.clone()));
                 }
             });
@@ -83,7 +88,9 @@ impl Upstream {
     }
 
     pub fn last(&self) -> Recorded {
-        self.requests().pop().expect("the upstream received no request")
+        self.requests()
+            .pop()
+            .expect("the upstream received no request")
     }
 
     pub fn stream(&self, i: usize) -> Arc<Mutex<StreamLog>> {
@@ -94,7 +101,9 @@ impl Upstream {
 async fn serve(mut conn: TcpStream, shared: Shared) {
     let mut buf = Vec::new();
     loop {
-        let Some(req) = read_request(&mut conn, &mut buf).await else { return };
+        let Some(req) = read_request(&mut conn, &mut buf).await else {
+            return;
+        };
         shared.requests.lock().unwrap().push(req.clone());
         let path = req.target.split('?').next().unwrap_or_default().to_string();
         let keep_going = if path.ends_with("/sse") {
@@ -155,7 +164,9 @@ async fn sse(conn: &mut TcpStream, target: &str, shared: &Shared) -> bool {
         let event = if i == n {
             "data: [DONE]\n\n".to_string()
         } else {
-            format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}}}}]}}\n\n")
+            format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}}}}]}}\n\n"
+            )
         };
         let chunk = format!("{:x}\r\n{event}\r\n", event.len());
         if conn.write_all(chunk.as_bytes()).await.is_err() || conn.flush().await.is_err() {
@@ -181,7 +192,12 @@ async fn read_request(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Recorde
                 headers: parsed
                     .headers
                     .iter()
-                    .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into_owned()))
+                    .map(|h| {
+                        (
+                            h.name.to_ascii_lowercase(),
+                            String::from_utf8_lossy(h.value).into_owned(),
+                        )
+                    })
                     .collect(),
                 body: Vec::new(),
             };
@@ -194,7 +210,10 @@ async fn read_request(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Recorde
         buf.extend_from_slice(&chunk[..n]);
     };
     buf.drain(..head_len);
-    if let Some(len) = req.header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+    if let Some(len) = req
+        .header("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         while buf.len() < len {
             let n = conn.read(&mut chunk).await.ok()?;
             if n == 0 {
@@ -203,7 +222,10 @@ async fn read_request(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Recorde
             buf.extend_from_slice(&chunk[..n]);
         }
         req.body = buf.drain(..len).collect();
-    } else if req.header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+    } else if req
+        .header("transfer-encoding")
+        .is_some_and(|v| v.contains("chunked"))
+    {
         loop {
             // Size line, then data and CRLF; a zero size ends the body (no trailers expected).
             let line_end = loop {
@@ -225,7 +247,8 @@ async fn read_request(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Recorde
                 }
                 buf.extend_from_slice(&chunk[..n]);
             }
-            req.body.extend_from_slice(&buf[line_end + 2..line_end + 2 + size]);
+            req.body
+                .extend_from_slice(&buf[line_end + 2..line_end + 2 + size]);
             buf.drain(..line_end + 2 + size + 2);
             if size == 0 {
                 break;

@@ -42,9 +42,9 @@ impl Expiry<KeyId, Entry> for EntryExpiry {
             Entry::Unknown => self.negative,
             Entry::Known(k) => match k.expires_at {
                 // Never cache a key past its own expiry.
-                Some(at) => self
-                    .positive
-                    .min(Duration::from_secs(at.saturating_sub(unix_now()).max(0) as u64)),
+                Some(at) => self.positive.min(Duration::from_secs(
+                    at.saturating_sub(unix_now()).max(0) as u64,
+                )),
                 None => self.positive,
             },
         })
@@ -149,3 +149,6 @@ pub async fn create_key(
         record,
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -65,7 +65,10 @@ impl SqliteStore {
                 std::fs::create_dir_all(dir)?;
             }
         }
-        let setup = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
+        let setup = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await?;
         sqlx::query(SCHEMA).execute(&setup).await?;
         setup.close().await;
         let pool = SqlitePoolOptions::new()
@@ -99,7 +102,9 @@ impl KeyStore for SqliteStore {
         let verifier: Vec<u8> = row.try_get("verifier")?;
         Ok(Some(StoredKey {
             record: record(&row)?,
-            verifier: verifier.try_into().map_err(|_| "stored verifier has the wrong length")?,
+            verifier: verifier
+                .try_into()
+                .map_err(|_| "stored verifier has the wrong length")?,
         }))
     }
 

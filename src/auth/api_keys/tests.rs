@@ -1,0 +1,165 @@
+//! The cache logic, against an in-memory store that counts lookups and can fail on demand.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::auth::token::{classify, Bearer};
+
+#[derive(Default)]
+struct FakeStore {
+    keys: Mutex<Vec<StoredKey>>,
+    lookups: AtomicUsize,
+    down: AtomicBool,
+}
+
+#[async_trait]
+impl KeyStore for FakeStore {
+    async fn find(&self, key_id: &str) -> Result<Option<StoredKey>, StoreError> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
+        // Slow enough that concurrent misses overlap.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if self.down.load(Ordering::SeqCst) {
+            return Err("store unreachable".into());
+        }
+        Ok(self
+            .keys
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|k| k.record.key_id == key_id)
+            .cloned())
+    }
+    async fn insert(&self, key: &StoredKey) -> Result<(), StoreError> {
+        self.keys.lock().unwrap().push(key.clone());
+        Ok(())
+    }
+    async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        Ok(self
+            .keys
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|k| k.record.clone())
+            .collect())
+    }
+    async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError> {
+        let mut keys = self.keys.lock().unwrap();
+        let key = keys.iter_mut().find(|k| k.record.key_id == key_id);
+        Ok(key.map(|k| k.record.revoked_at = Some(at)).is_some())
+    }
+}
+
+fn split(token: &str) -> (KeyId, String) {
+    match classify(token) {
+        Some(Bearer::ApiKey { key_id, secret }) => (key_id, secret.to_string()),
+        other => panic!("not an api key: {other:?}"),
+    }
+}
+
+async fn setup(ttl: u64) -> (Arc<FakeStore>, ApiKeyVerifier, String) {
+    let store = Arc::new(FakeStore::default());
+    let key = create_key(&*store, "t", vec!["infer".into()], None)
+        .await
+        .unwrap();
+    let verifier = ApiKeyVerifier::new(
+        store.clone(),
+        Duration::from_secs(ttl),
+        Duration::from_secs(ttl),
+    );
+    (store, verifier, key.token)
+}
+
+#[tokio::test]
+async fn created_keys_verify_and_only_a_hash_is_stored() {
+    let (store, verifier, token) = setup(60).await;
+    let (id, secret) = split(&token);
+    let principal = verifier.verify(id, &secret).await.unwrap();
+    assert_eq!(principal.kind, PrincipalKind::ApiKey);
+    assert_eq!(&*principal.id, id.as_str());
+    assert!(principal.has_scope("infer") && !principal.has_scope("embed"));
+    let stored = store.keys.lock().unwrap()[0].clone();
+    assert_ne!(&stored.verifier[..], secret.as_bytes());
+    assert_eq!(
+        stored.verifier,
+        <[u8; 32]>::from(Sha256::digest(secret.as_bytes()))
+    );
+}
+
+#[tokio::test]
+async fn concurrent_misses_share_one_lookup_and_wrong_secrets_never_reach_the_store() {
+    let (store, verifier, token) = setup(60).await;
+    let (id, secret) = split(&token);
+    let verifier = Arc::new(verifier);
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (v, s) = (verifier.clone(), secret.clone());
+            tokio::spawn(async move { v.verify(id, &s).await.is_some() })
+        })
+        .collect();
+    for t in tasks {
+        assert!(t.await.unwrap());
+    }
+    assert_eq!(store.lookups.load(Ordering::SeqCst), 1);
+    for _ in 0..5 {
+        assert!(verifier.verify(id, &"A".repeat(43)).await.is_none());
+    }
+    assert_eq!(store.lookups.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn unknown_ids_are_cached_negatively() {
+    let (store, verifier, _) = setup(60).await;
+    let (id, secret) = split(&format!("ak_00000000000000ff.{}", "b".repeat(43)));
+    assert!(verifier.verify(id, &secret).await.is_none());
+    assert!(verifier.verify(id, &secret).await.is_none());
+    assert_eq!(store.lookups.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn revocation_takes_effect_when_the_entry_expires() {
+    let (store, verifier, token) = setup(1).await;
+    let (id, secret) = split(&token);
+    assert!(verifier.verify(id, &secret).await.is_some());
+    store.revoke(id.as_str(), unix_now()).await.unwrap();
+    // Still cached: the TTL is the bound, not an instant effect.
+    assert!(verifier.verify(id, &secret).await.is_some());
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(verifier.verify(id, &secret).await.is_none());
+}
+
+#[tokio::test]
+async fn an_unreachable_store_keeps_cached_keys_and_refuses_the_rest() {
+    let (store, verifier, token) = setup(60).await;
+    let other = create_key(&*store, "u", vec!["infer".into()], None)
+        .await
+        .unwrap();
+    let (id, secret) = split(&token);
+    assert!(verifier.verify(id, &secret).await.is_some());
+    store.down.store(true, Ordering::SeqCst);
+    assert!(verifier.verify(id, &secret).await.is_some());
+    let (other_id, other_secret) = split(&other.token);
+    assert!(verifier.verify(other_id, &other_secret).await.is_none());
+    // A failed lookup is not cached: the key works once the store is back.
+    store.down.store(false, Ordering::SeqCst);
+    assert!(verifier.verify(other_id, &other_secret).await.is_some());
+}
+
+#[tokio::test]
+async fn expired_keys_are_refused_even_while_cached() {
+    let store = Arc::new(FakeStore::default());
+    let key = create_key(&*store, "t", vec![], Some(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let verifier = ApiKeyVerifier::new(
+        store.clone(),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    );
+    let (id, secret) = split(&key.token);
+    assert!(verifier.verify(id, &secret).await.is_some());
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert!(verifier.verify(id, &secret).await.is_none());
+}

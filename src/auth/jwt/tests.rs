@@ -1,0 +1,650 @@
+//! End-to-end tests of the verifier against a tiny identity provider on 127.0.0.1, with
+//! RSA, EC P-256 and Ed25519 keys generated at run time.
+
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_lc_rs::rand::SystemRandom;
+use aws_lc_rs::signature::{
+    EcdsaKeyPair, Ed25519KeyPair, KeyPair as _, RsaKeyPair, RsaPublicKeyComponents,
+    ECDSA_P256_SHA256_FIXED_SIGNING, RSA_PKCS1_SHA256,
+};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use base64::Engine as _;
+use jsonwebtoken::Algorithm;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::JwtVerifier;
+use crate::auth::{unix_now, PrincipalKind};
+use crate::config::JwtSettings;
+
+const AUD: &str = "portcullis";
+
+// ---- keys and tokens -------------------------------------------------------------------
+
+enum Signer {
+    Rsa(RsaKeyPair),
+    Ec(EcdsaKeyPair),
+    Ed(Ed25519KeyPair),
+}
+
+struct TestKey {
+    kid: String,
+    alg: &'static str,
+    signer: Signer,
+}
+
+impl TestKey {
+    fn rsa(kid: &str) -> TestKey {
+        let kp = RsaKeyPair::generate(aws_lc_rs::rsa::KeySize::Rsa2048).unwrap();
+        TestKey {
+            kid: kid.into(),
+            alg: "RS256",
+            signer: Signer::Rsa(kp),
+        }
+    }
+
+    fn ec(kid: &str) -> TestKey {
+        let kp = EcdsaKeyPair::generate(&ECDSA_P256_SHA256_FIXED_SIGNING).unwrap();
+        TestKey {
+            kid: kid.into(),
+            alg: "ES256",
+            signer: Signer::Ec(kp),
+        }
+    }
+
+    fn ed(kid: &str) -> TestKey {
+        let kp = Ed25519KeyPair::generate().unwrap();
+        TestKey {
+            kid: kid.into(),
+            alg: "EdDSA",
+            signer: Signer::Ed(kp),
+        }
+    }
+
+    /// The public JWK; EC and OKP keys without `alg`, to exercise the kty/crv match.
+    fn jwk(&self) -> Value {
+        match &self.signer {
+            Signer::Rsa(kp) => {
+                let c = RsaPublicKeyComponents::<Vec<u8>>::from(kp.public_key());
+                json!({"kty": "RSA", "kid": self.kid, "use": "sig", "alg": "RS256",
+                       "n": B64.encode(c.n), "e": B64.encode(c.e)})
+            }
+            Signer::Ec(kp) => {
+                let point = kp.public_key().as_ref(); // 0x04 || x || y
+                json!({"kty": "EC", "kid": self.kid, "crv": "P-256",
+                       "x": B64.encode(&point[1..33]), "y": B64.encode(&point[33..])})
+            }
+            Signer::Ed(kp) => {
+                json!({"kty": "OKP", "kid": self.kid, "crv": "Ed25519",
+                       "x": B64.encode(kp.public_key().as_ref())})
+            }
+        }
+    }
+
+    fn sign(&self, msg: &[u8]) -> Vec<u8> {
+        let rng = SystemRandom::new();
+        match &self.signer {
+            Signer::Rsa(kp) => {
+                let mut sig = vec![0; kp.public_modulus_len()];
+                kp.sign(&RSA_PKCS1_SHA256, &rng, msg, &mut sig).unwrap();
+                sig
+            }
+            Signer::Ec(kp) => kp.sign(&rng, msg).unwrap().as_ref().to_vec(),
+            Signer::Ed(kp) => kp.sign(msg).as_ref().to_vec(),
+        }
+    }
+
+    fn header(&self) -> Value {
+        json!({"alg": self.alg, "typ": "at+jwt", "kid": self.kid})
+    }
+
+    fn token(&self, header: &Value, claims: &Value) -> String {
+        let msg = unsigned(header, claims);
+        let sig = self.sign(msg.as_bytes());
+        format!("{msg}.{}", B64.encode(sig))
+    }
+
+    /// A standard access token for `idp`, with `patch` applied to the claims.
+    fn access_token(&self, idp: &Idp, patch: Value) -> String {
+        self.token(&self.header(), &edit(&claims(&idp.issuer), patch))
+    }
+}
+
+fn unsigned(header: &Value, claims: &Value) -> String {
+    format!(
+        "{}.{}",
+        B64.encode(header.to_string()),
+        B64.encode(claims.to_string())
+    )
+}
+
+fn claims(issuer: &str) -> Value {
+    let now = unix_now();
+    json!({"iss": issuer, "aud": AUD, "sub": "user-1", "iat": now, "exp": now + 300,
+           "jti": unique(), "scope": "infer chatx", "scp": ["embed"], "permissions": "chatx admin"})
+}
+
+/// A fresh value, so that two otherwise equal tokens differ (and miss the cache).
+fn unique() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `base` with the members of `patch` set; a `null` in `patch` removes the member.
+fn edit(base: &Value, patch: Value) -> Value {
+    let mut v = base.clone();
+    let obj = v.as_object_mut().unwrap();
+    for (k, val) in patch.as_object().unwrap() {
+        if val.is_null() {
+            obj.remove(k);
+        } else {
+            obj.insert(k.clone(), val.clone());
+        }
+    }
+    v
+}
+
+// ---- a tiny identity provider -----------------------------------------------------------
+
+#[derive(Default)]
+struct Idp {
+    issuer: String,
+    /// The `issuer` the discovery document names, when not the real one.
+    claimed_issuer: Mutex<Option<String>>,
+    jwks: Mutex<String>,
+    /// HTTP status of `/jwks`; 0 means 200.
+    jwks_status: AtomicU16,
+    /// Answer `/jwks` without Content-Length, delimited by the connection close.
+    no_length: AtomicBool,
+    /// Accept connections but never answer.
+    hang: AtomicBool,
+    jwks_hits: AtomicUsize,
+    discovery_hits: AtomicUsize,
+}
+
+impl Idp {
+    async fn start(keys: &[&TestKey]) -> Arc<Idp> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let idp = Arc::new(Idp {
+            issuer: format!("http://{}", listener.local_addr().unwrap()),
+            ..Idp::default()
+        });
+        idp.set_keys(keys);
+        let server = idp.clone();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                tokio::spawn(server.clone().answer(sock));
+            }
+        });
+        idp
+    }
+
+    fn set_keys(&self, keys: &[&TestKey]) {
+        let keys: Vec<Value> = keys.iter().map(|k| k.jwk()).collect();
+        self.set_jwks(json!({ "keys": keys }).to_string());
+    }
+
+    fn set_jwks(&self, body: String) {
+        *self.jwks.lock().unwrap() = body;
+    }
+
+    fn jwks_hits(&self) -> usize {
+        self.jwks_hits.load(Ordering::SeqCst)
+    }
+
+    /// Serves requests on one connection, kept alive as real servers do (so that a client
+    /// which pools connections would reuse it), except when the body is close-delimited.
+    async fn answer(self: Arc<Self>, mut sock: TcpStream) {
+        let mut buf = [0u8; 1024];
+        loop {
+            let mut head = Vec::new();
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match sock.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            if self.hang.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                return;
+            }
+            let path = String::from_utf8_lossy(&head)
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or("")
+                .to_owned();
+            let (status, body) = self.route(&path);
+            let close_delimited = path == "/jwks" && self.no_length.load(Ordering::SeqCst);
+            let framing = if close_delimited {
+                "connection: close\r\n".to_owned()
+            } else {
+                format!("content-length: {}\r\n", body.len())
+            };
+            let response = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{framing}\r\n{body}"
+            );
+            if sock.write_all(response.as_bytes()).await.is_err() || close_delimited {
+                let _ = sock.shutdown().await;
+                return;
+            }
+        }
+    }
+
+    fn route(&self, path: &str) -> (u16, String) {
+        match path {
+            "/.well-known/openid-configuration" => {
+                self.discovery_hits.fetch_add(1, Ordering::SeqCst);
+                let claimed = self.claimed_issuer.lock().unwrap().clone();
+                let issuer = claimed.unwrap_or_else(|| self.issuer.clone());
+                let jwks_uri = format!("{}/jwks", self.issuer);
+                (
+                    200,
+                    json!({"issuer": issuer, "jwks_uri": jwks_uri}).to_string(),
+                )
+            }
+            "/jwks" => {
+                self.jwks_hits.fetch_add(1, Ordering::SeqCst);
+                let status = match self.jwks_status.load(Ordering::SeqCst) {
+                    0 => 200,
+                    s => s,
+                };
+                (status, self.jwks.lock().unwrap().clone())
+            }
+            _ => (404, "{}".to_owned()),
+        }
+    }
+}
+
+fn settings(idp: &Idp) -> JwtSettings {
+    JwtSettings {
+        issuer: idp.issuer.clone(),
+        audience: AUD.into(),
+        jwks_uri: None,
+        algorithms: vec![Algorithm::RS256, Algorithm::ES256, Algorithm::EdDSA],
+        leeway_seconds: 30,
+        token_types: vec!["at+jwt".into(), "application/at+jwt".into()],
+        jwks_refresh: Duration::from_secs(300),
+    }
+}
+
+async fn verifier(idp: &Idp) -> JwtVerifier {
+    JwtVerifier::new(settings(idp)).await.unwrap()
+}
+
+// ---- tests ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn accepts_rs256_es256_and_eddsa_with_united_scopes() {
+    let (rsa, ec, ed) = (TestKey::rsa("r1"), TestKey::ec("e1"), TestKey::ed("d1"));
+    let idp = Idp::start(&[&rsa, &ec, &ed]).await;
+    let v = verifier(&idp).await;
+    for key in [&rsa, &ec, &ed] {
+        let p = v.verify(&key.access_token(&idp, json!({}))).await;
+        let p = p.unwrap_or_else(|| panic!("{} refused", key.alg));
+        assert_eq!(p.kind, PrincipalKind::Jwt);
+        assert_eq!(&*p.id, "user-1");
+        let scopes: Vec<&str> = p.scopes.iter().map(|s| &**s).collect();
+        assert_eq!(scopes, ["admin", "chatx", "embed", "infer"]);
+        assert!(p.has_scope("infer") && !p.has_scope("openid"));
+    }
+    assert_eq!(idp.discovery_hits.load(Ordering::SeqCst), 1);
+    assert_eq!(idp.jwks_hits(), 1);
+}
+
+#[tokio::test]
+async fn accepts_the_allowed_variants() {
+    let rsa = TestKey::rsa("r1");
+    let idp = Idp::start(&[&rsa]).await;
+    let v = verifier(&idp).await;
+    let header = |typ: &str| edit(&rsa.header(), json!({ "typ": typ }));
+    let now = unix_now();
+    let cases = [
+        (
+            "aud array",
+            rsa.access_token(&idp, json!({"aud": ["other", AUD]})),
+        ),
+        (
+            "typ upper case",
+            rsa.token(&header("AT+JWT"), &claims(&idp.issuer)),
+        ),
+        (
+            "typ media type",
+            rsa.token(&header("application/at+jwt"), &claims(&idp.issuer)),
+        ),
+        (
+            "exp within leeway",
+            rsa.access_token(&idp, json!({"exp": now - 10})),
+        ),
+        (
+            "nbf within leeway",
+            rsa.access_token(&idp, json!({"nbf": now + 10})),
+        ),
+        (
+            "no scopes",
+            rsa.access_token(
+                &idp,
+                json!({"scope": null, "scp": null, "permissions": null}),
+            ),
+        ),
+    ];
+    for (name, token) in cases {
+        assert!(v.verify(&token).await.is_some(), "{name} refused");
+    }
+}
+
+#[tokio::test]
+async fn refuses_forged_expired_misaddressed_and_id_tokens() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let (rsa, ec) = (TestKey::rsa("r1"), TestKey::ec("e1"));
+    let idp = Idp::start(&[&rsa, &ec]).await;
+    // A shared-secret key in the JWKS must never become an HMAC key.
+    let mut jwks: Value = serde_json::from_str(&idp.jwks.lock().unwrap()).unwrap();
+    let oct = json!({"kty": "oct", "kid": "shared", "k": B64.encode("secret")});
+    jwks["keys"].as_array_mut().unwrap().push(oct);
+    idp.set_jwks(jwks.to_string());
+    let v = verifier(&idp).await;
+
+    let now = unix_now();
+    let good = claims(&idp.issuer);
+    let hs256 = |kid: &str, secret: &[u8]| {
+        let msg = unsigned(&json!({"alg": "HS256", "typ": "at+jwt", "kid": kid}), &good);
+        let tag = aws_lc_rs::hmac::sign(
+            &aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, secret),
+            msg.as_bytes(),
+        );
+        format!("{msg}.{}", B64.encode(tag.as_ref()))
+    };
+    let Signer::Rsa(rsa_kp) = &rsa.signer else {
+        unreachable!()
+    };
+    let rsa_public_der = rsa_kp.public_key().as_ref().to_vec();
+    let impostor = TestKey::rsa("r1"); // same kid, other key
+    let attacker = TestKey::ec("attacker");
+    let valid = rsa.access_token(&idp, json!({}));
+    let mut tampered: Vec<&str> = valid.split('.').collect();
+    let forged_claims = B64.encode(edit(&good, json!({"sub": "admin"})).to_string());
+    tampered[1] = &forged_claims;
+
+    let cases: Vec<(&str, String)> = vec![
+        ("bad signature", impostor.access_token(&idp, json!({}))),
+        ("tampered claims", tampered.join(".")),
+        ("signature by another key type", {
+            let es256 = ec.access_token(&idp, json!({}));
+            let sig = es256.rsplit_once('.').unwrap().1;
+            format!("{}.{sig}", unsigned(&rsa.header(), &good))
+        }),
+        (
+            "expired",
+            rsa.access_token(&idp, json!({"exp": now - 3600})),
+        ),
+        (
+            "nbf in the future",
+            rsa.access_token(&idp, json!({"nbf": now + 3600})),
+        ),
+        (
+            "wrong iss",
+            rsa.access_token(&idp, json!({"iss": "https://evil.example"})),
+        ),
+        (
+            "wrong aud",
+            rsa.access_token(&idp, json!({"aud": "console-client"})),
+        ),
+        (
+            "aud array without us",
+            rsa.access_token(&idp, json!({"aud": ["a", "b"]})),
+        ),
+        ("no iss", rsa.access_token(&idp, json!({"iss": null}))),
+        ("no aud", rsa.access_token(&idp, json!({"aud": null}))),
+        ("no exp", rsa.access_token(&idp, json!({"exp": null}))),
+        ("no sub", rsa.access_token(&idp, json!({"sub": null}))),
+        ("empty sub", rsa.access_token(&idp, json!({"sub": ""}))),
+        (
+            "malformed scp",
+            rsa.access_token(&idp, json!({"scp": {"a": 1}})),
+        ),
+        ("ID token (no typ)", {
+            let h = edit(&rsa.header(), json!({"typ": null}));
+            rsa.token(&h, &edit(&good, json!({"aud": AUD, "nonce": "n"})))
+        }),
+        (
+            "typ JWT",
+            rsa.token(&edit(&rsa.header(), json!({"typ": "JWT"})), &good),
+        ),
+        (
+            "alg none",
+            format!(
+                "{}.",
+                unsigned(&json!({"alg": "none", "typ": "at+jwt", "kid": "r1"}), &good)
+            ),
+        ),
+        (
+            "alg none with signature",
+            format!(
+                "{}.AAAA",
+                unsigned(&json!({"alg": "none", "typ": "at+jwt", "kid": "r1"}), &good)
+            ),
+        ),
+        (
+            "HS256 with the RSA public key",
+            hs256("r1", &rsa_public_der),
+        ),
+        ("HS256 with a JWKS oct key", hs256("shared", b"secret")),
+        (
+            "no kid",
+            rsa.token(&edit(&rsa.header(), json!({"kid": null})), &good),
+        ),
+        (
+            "overlong kid",
+            rsa.token(&edit(&rsa.header(), json!({"kid": "k".repeat(300)})), &good),
+        ),
+        (
+            "crit header",
+            rsa.token(&edit(&rsa.header(), json!({"crit": ["exp"]})), &good),
+        ),
+        (
+            "RS256 naming an EC key",
+            rsa.token(&edit(&rsa.header(), json!({"kid": "e1"})), &good),
+        ),
+        (
+            "embedded jwk",
+            attacker.token(
+                &edit(
+                    &attacker.header(),
+                    json!({"jwk": attacker.jwk(), "jku": format!("{}/jwks", idp.issuer)}),
+                ),
+                &good,
+            ),
+        ),
+        ("empty", String::new()),
+        ("garbage", "a.b.c".into()),
+        ("not base64", "!!.??.**".into()),
+        ("too long", format!("{valid}{}", "A".repeat(9000))),
+    ];
+    for (name, token) in cases {
+        assert!(v.verify(&token).await.is_none(), "{name} accepted");
+    }
+    // The genuine token still passes after all that.
+    assert!(v.verify(&valid).await.is_some());
+}
+
+#[tokio::test]
+async fn unknown_kid_refetches_once_then_cools_down() {
+    let rsa = TestKey::rsa("r1");
+    let idp = Idp::start(&[&rsa]).await;
+    let v = verifier(&idp).await;
+    assert_eq!(idp.jwks_hits(), 1);
+    let stranger = TestKey::ed("nobody");
+    assert!(v
+        .verify(&stranger.access_token(&idp, json!({})))
+        .await
+        .is_none());
+    assert_eq!(idp.jwks_hits(), 2, "one refetch for the unknown kid");
+    for i in 0..5 {
+        let t = TestKey::ed(&format!("random-{i}")).access_token(&idp, json!({}));
+        assert!(v.verify(&t).await.is_none());
+    }
+    assert_eq!(idp.jwks_hits(), 2, "no refetch during the cooldown");
+}
+
+#[tokio::test]
+async fn a_key_added_at_the_issuer_is_accepted_without_restart() {
+    let (old, new) = (TestKey::rsa("2024"), TestKey::ed("2025"));
+    let idp = Idp::start(&[&old]).await;
+    let v = Arc::new(verifier(&idp).await);
+    idp.set_keys(&[&old, &new]);
+    // Many callers meet the new kid at once: one fetch serves them all.
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (v, t) = (v.clone(), new.access_token(&idp, json!({})));
+            tokio::spawn(async move { v.verify(&t).await.is_some() })
+        })
+        .collect();
+    for t in tasks {
+        assert!(t.await.unwrap());
+    }
+    assert_eq!(idp.jwks_hits(), 2);
+    assert!(v.verify(&old.access_token(&idp, json!({}))).await.is_some());
+}
+
+#[tokio::test]
+async fn cached_token_returns_the_same_principal() {
+    let ec = TestKey::ec("e1");
+    let idp = Idp::start(&[&ec]).await;
+    let v = verifier(&idp).await;
+    let token = ec.access_token(&idp, json!({}));
+    let first = v.verify(&token).await.unwrap();
+    let second = v.verify(&token).await.unwrap();
+    assert!(
+        Arc::ptr_eq(&first, &second),
+        "second call served from the cache"
+    );
+}
+
+#[tokio::test]
+async fn cached_token_does_not_outlive_exp() {
+    let ed = TestKey::ed("d1");
+    let idp = Idp::start(&[&ed]).await;
+    let mut s = settings(&idp);
+    s.leeway_seconds = 0;
+    let v = JwtVerifier::new(s).await.unwrap();
+    let exp = unix_now() + 2;
+    let token = ed.access_token(&idp, json!({ "exp": exp }));
+    assert!(v.verify(&token).await.is_some());
+    while unix_now() <= exp {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(v.verify(&token).await.is_none());
+}
+
+#[tokio::test]
+async fn refresh_loop_swaps_keys_and_keeps_the_last_good_set() {
+    let (old, new) = (TestKey::rsa("old"), TestKey::ec("new"));
+    let idp = Idp::start(&[&old]).await;
+    let mut s = settings(&idp);
+    s.jwks_refresh = Duration::from_millis(100);
+    let v = Arc::new(JwtVerifier::new(s).await.unwrap());
+    let old_token = old.access_token(&idp, json!({}));
+    assert!(v.verify(&old_token).await.is_some()); // now cached
+    let refresher = tokio::spawn(v.clone().refresh_loop());
+
+    let wait_for_hits = |n: usize| {
+        let idp = idp.clone();
+        async move {
+            for _ in 0..100 {
+                if idp.jwks_hits() >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("the JWKS was not refreshed");
+        }
+    };
+    idp.set_keys(&[&new]);
+    wait_for_hits(3).await; // surely installed once the next fetch starts
+    assert!(v.verify(&new.access_token(&idp, json!({}))).await.is_some());
+    // The old key was withdrawn: its cached token must not survive.
+    assert!(v.verify(&old_token).await.is_none());
+
+    idp.jwks_status.store(500, Ordering::SeqCst);
+    let hits = idp.jwks_hits();
+    wait_for_hits(hits + 2).await;
+    assert!(v.verify(&new.access_token(&idp, json!({}))).await.is_some());
+    refresher.abort();
+}
+
+#[tokio::test]
+async fn start_up_fails_with_a_clear_reason() {
+    let rsa = TestKey::rsa("r1");
+
+    let idp = Idp::start(&[&rsa]).await;
+    let mut s = settings(&idp);
+    s.jwks_uri = Some(format!("{}/jwks", idp.issuer));
+    assert!(JwtVerifier::new(s).await.is_ok());
+    assert_eq!(
+        idp.discovery_hits.load(Ordering::SeqCst),
+        0,
+        "configured jwks_uri: no discovery"
+    );
+
+    *idp.claimed_issuer.lock().unwrap() = Some(format!("{}/", idp.issuer));
+    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    assert!(e.contains("not the configured"), "{e}");
+    *idp.claimed_issuer.lock().unwrap() = None;
+
+    idp.set_jwks(json!({"keys": [{"kty": "oct", "kid": "h", "k": "c2VjcmV0"}]}).to_string());
+    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    assert!(e.contains("no usable signing key"), "{e}");
+
+    idp.set_jwks(format!(
+        "{{\"keys\": [], \"pad\": \"{}\"}}",
+        "x".repeat(2 << 20)
+    ));
+    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    assert!(e.contains("larger than"), "{e}");
+    idp.no_length.store(true, Ordering::SeqCst);
+    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    assert!(e.contains("larger than"), "{e}");
+    idp.no_length.store(false, Ordering::SeqCst);
+
+    idp.jwks_status.store(503, Ordering::SeqCst);
+    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    assert!(e.contains("HTTP 503"), "{e}");
+
+    let mut s = settings(&idp);
+    s.leeway_seconds = u64::MAX;
+    assert!(JwtVerifier::new(s).await.is_err());
+
+    // Nothing listening.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut s = settings(&idp);
+    s.issuer = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let e = JwtVerifier::new(s).await.err().unwrap();
+    assert!(e.contains("discovery failed"), "{e}");
+
+    // An issuer that never answers: bounded by the fetch timeout.
+    idp.hang.store(true, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(7), "{e}");
+}
+
+/// `new` runs in a start-up runtime that is dropped before `verify` runs in another one.
+#[test]
+fn fetches_still_work_after_the_start_up_runtime_is_gone() {
+    let (old, new) = (TestKey::rsa("old"), TestKey::ed("new"));
+    let server = tokio::runtime::Runtime::new().unwrap();
+    let idp = server.block_on(Idp::start(&[&old]));
+    let start_up = tokio::runtime::Runtime::new().unwrap();
+    let v = start_up.block_on(JwtVerifier::new(settings(&idp))).unwrap();
+    drop(start_up);
+    idp.set_keys(&[&old, &new]);
+    let serving = tokio::runtime::Runtime::new().unwrap();
+    let accepted = serving.block_on(v.verify(&new.access_token(&idp, json!({}))));
+    assert!(accepted.is_some());
+    assert_eq!(idp.jwks_hits(), 2);
+}
