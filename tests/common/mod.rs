@@ -3,6 +3,7 @@
 //! requests no well-behaved client library would send.
 #![allow(dead_code)]
 
+pub mod idp;
 pub mod upstream;
 
 use std::io::{Read, Write};
