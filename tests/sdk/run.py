@@ -1,0 +1,778 @@
+#!/usr/bin/env python3
+"""SDK conformance and real-identity-provider tests for Portcullis (issue 5, items 1 and 2).
+
+Starts, on 127.0.0.1 and free ports: the demo upstream (demo/upstream.py), a real OpenID
+Provider (tests/sdk/idp.mjs, npm oidc-provider 9.x) and the real gateway binary in front of
+the upstream, with API keys made by the real CLI. Then it drives the gateway with the official
+`openai` Python SDK, the official `openai` Node SDK (tests/sdk/node.test.mjs) and tokens from
+the provider, printing one line per check and, last, exactly `N passed, N failed`.
+
+Run through scripts/sdk-tests.sh, which installs the SDKs; by hand:
+    .venv/bin/python tests/sdk/run.py [--bin target/debug/portcullis] [--keep]
+Exits 0 only when every check passed. Child processes are always stopped.
+"""
+import argparse
+import base64
+import hashlib
+import http.cookiejar
+import html
+import importlib.util
+import json
+import math
+import os
+import re
+import secrets
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+
+import openai
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SDK_DIR = os.path.join(ROOT, "tests", "sdk")
+AUDIENCE = "urn:portcullis:test"          # the resource indicator = the gateway's audience
+OTHER_AUDIENCE = "urn:portcullis:other"   # a resource server that is not the gateway
+SERVICES = ("infer", "chatx", "chaty", "embed")
+REDIRECT_URI = "http://127.0.0.1/callback"  # registered for the `console` client in idp.mjs
+CC_CLIENT = ("svc-cc", "svc-cc-test-secret")
+CODE_CLIENT = ("console", "console-test-secret")
+START_TIMEOUT = 30      # seconds for any child to say it is ready
+ROTATION_WINDOW = 15    # seconds a new kid may take to be accepted (gateway unknown-kid cooldown is 10 s)
+HTTP_TIMEOUT = 20
+
+# The demo upstream's own answers, imported rather than copied so the expectations cannot drift.
+_spec = importlib.util.spec_from_file_location("demo_upstream", os.path.join(ROOT, "demo", "upstream.py"))
+demo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(demo)
+
+
+class CheckFailed(Exception):
+    pass
+
+
+class RunTimeout(BaseException):
+    """The whole-run limit: a BaseException, so no check can swallow it."""
+
+
+def expect(cond, message):
+    if not cond:
+        raise CheckFailed(message)
+
+
+def expect_eq(got, want, what):
+    if got != want:
+        raise CheckFailed(f"{what}: expected {want!r}, got {got!r}")
+
+
+# ---- child processes ---------------------------------------------------------------------------
+
+class Child:
+    """A child process in its own process group, stopped (TERM, then KILL) by stop().
+    Every child ever started is in Child.all, so cleanup reaches even one whose start was
+    interrupted."""
+    all = []
+
+    def __init__(self, name, argv, log_path, wait_listening, env=None):
+        self.name, self.log_path = name, log_path
+        self.log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if wait_listening else self.log, stderr=self.log,
+            start_new_session=True)
+        Child.all.append(self)
+        self.port = self._read_listening() if wait_listening else None
+
+    def _read_listening(self):
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline, buf = time.monotonic() + START_TIMEOUT, b""
+        try:
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    break
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                buf += chunk
+                m = re.search(rb"^LISTENING (\d+)\r?\n", buf, re.M)
+                if m:
+                    threading.Thread(target=self._drain, args=(buf[m.end():],), daemon=True).start()
+                    return int(m.group(1))
+        finally:
+            sel.close()
+        self.stop()
+        raise RuntimeError(f"{self.name} did not print LISTENING within {START_TIMEOUT}s "
+                           f"(exit code {self.proc.poll()}); log:\n{tail(self.log_path)}")
+
+    def _drain(self, first):
+        # Keep the pipe empty so the child can never block on a full stdout.
+        self.log.write(first)
+        for chunk in iter(lambda: self.proc.stdout.read1(4096), b""):
+            self.log.write(chunk)
+            self.log.flush()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self.log.flush()
+
+
+def tail(path, lines=25):
+    try:
+        with open(path, "rb") as f:
+            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- plain HTTP (for the provider's endpoints and exact status checks) --------------------------
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # surface every 3xx, so each step of the login flow is explicit
+
+
+def http_opener(jar=None):
+    handlers = [_NoRedirect()]
+    if jar is not None:
+        handlers.append(urllib.request.HTTPCookieProcessor(jar))
+    return urllib.request.build_opener(*handlers)
+
+
+def http_call(url, method="GET", body=None, headers=None, opener=None):
+    """(status, headers, body bytes) for any status; never follows redirects."""
+    data = None
+    headers = dict(headers or {})
+    if isinstance(body, dict):
+        data = urllib.parse.urlencode(body).encode()
+        headers.setdefault("Content-Type", "application/x-www-form-urlencoded")
+    elif isinstance(body, (bytes, str)):
+        data = body.encode() if isinstance(body, str) else body
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with (opener or http_opener()).open(req, timeout=HTTP_TIMEOUT) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def basic_auth(client):
+    return "Basic " + base64.b64encode(f"{client[0]}:{client[1]}".encode()).decode()
+
+
+def jwt_parts(token):
+    def seg(s):
+        return json.loads(base64.urlsafe_b64decode(s + "=" * (-len(s) % 4)))
+    h, p, _ = token.split(".")
+    return seg(h), seg(p)
+
+
+# ---- the identity provider ----------------------------------------------------------------------
+
+class Idp:
+    def __init__(self, tmp):
+        self.tmp, self.child, self.port = tmp, None, 0
+
+    def start(self):
+        """Starts (or restarts, on the same port) the provider: fresh signing keys each time."""
+        self.child = Child("idp", ["node", os.path.join(SDK_DIR, "idp.mjs"), "--port", str(self.port),
+                                   "--audience", AUDIENCE, "--other-audience", OTHER_AUDIENCE],
+                           os.path.join(self.tmp, "idp.log"), wait_listening=True)
+        self.port = self.child.port
+
+    @property
+    def issuer(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        if self.child:
+            self.child.stop()
+
+    def client_credentials(self, scope, resource=AUDIENCE):
+        status, _, body = http_call(
+            f"{self.issuer}/token", "POST",
+            {"grant_type": "client_credentials", "scope": scope, "resource": resource},
+            {"Authorization": basic_auth(CC_CLIENT)})
+        expect(status == 200, f"client_credentials token request: {status} {body[:300]!r}")
+        return json.loads(body)
+
+    def authorization_code(self, scope):
+        """The authorization-code flow with PKCE, driven headless through oidc-provider's
+        devInteractions login and consent pages with a cookie jar, as a browser would.
+        Returns the token endpoint's JSON (access_token, id_token, ...)."""
+        opener = http_opener(http.cookiejar.CookieJar())
+        verifier = secrets.token_urlsafe(48)
+        challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+        state, nonce = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+        url = f"{self.issuer}/auth?" + urllib.parse.urlencode({
+            "client_id": CODE_CLIENT[0], "response_type": "code", "redirect_uri": REDIRECT_URI,
+            "scope": scope, "resource": AUDIENCE, "state": state, "nonce": nonce,
+            "code_challenge": challenge, "code_challenge_method": "S256"})
+        method, form, code, prompts = "GET", None, None, []
+        for _ in range(12):
+            status, headers, body = http_call(url, method, form, opener=opener)
+            method, form = "GET", None
+            if status in (301, 302, 303, 307):
+                nxt = urllib.parse.urljoin(url, headers["Location"])
+                if nxt.startswith(REDIRECT_URI):
+                    q = urllib.parse.parse_qs(urllib.parse.urlsplit(nxt).query)
+                    expect("error" not in q, f"authorization error: {q}")
+                    expect_eq(q.get("state"), [state], "state returned to the client")
+                    code = q["code"][0]
+                    break
+                url = nxt
+                continue
+            page = body.decode("utf-8", "replace")
+            action = re.search(r'<form[^>]*action="([^"]+)"[^>]*method="post"', page)
+            prompt = re.search(r'name="prompt" value="(\w+)"', page)
+            expect(status == 200 and action and prompt,
+                   f"unexpected page in the login flow at {url}: {status} {page[:300]!r}")
+            prompts.append(prompt.group(1))
+            url, method = urllib.parse.urljoin(url, html.unescape(action.group(1))), "POST"
+            form = {"prompt": prompt.group(1)}
+            if prompt.group(1) == "login":
+                form.update(login="alice", password="any")
+        expect(code, f"no authorization code after the steps {prompts}")
+        expect_eq(prompts, ["login", "consent"], "interaction prompts shown")
+        status, _, body = http_call(
+            f"{self.issuer}/token", "POST",
+            {"grant_type": "authorization_code", "code": code, "redirect_uri": REDIRECT_URI,
+             "code_verifier": verifier, "resource": AUDIENCE},
+            {"Authorization": basic_auth(CODE_CLIENT)})
+        expect(status == 200, f"code exchange: {status} {body[:300]!r}")
+        return json.loads(body)
+
+
+# ---- the gateway --------------------------------------------------------------------------------
+
+class Gateway:
+    def __init__(self, binary, tmp, upstream_port, issuer):
+        self.binary, self.tmp = binary, tmp
+        self.port = free_port()
+        self.config = os.path.join(tmp, "portcullis.toml")
+        services = "".join(
+            f'[services.{s}]\nupstream = "http://127.0.0.1:{upstream_port}/{s}"\nscope = "{s}"\n'
+            f"read_timeout_seconds = 30\n\n" for s in SERVICES)
+        with open(self.config, "w") as f:
+            f.write(f"""# written by tests/sdk/run.py
+[server]
+listen = ["127.0.0.1:{self.port}"]
+threads = 2
+grace_period_seconds = 1
+graceful_shutdown_timeout_seconds = 1
+upgrade_sock = "{tmp}/upgrade.sock"
+pid_file = "{tmp}/portcullis.pid"
+
+[auth.api_keys]
+database = "sqlite://{tmp}/keys.db"
+
+[auth.jwt]
+issuer = "{issuer}"
+audience = "{AUDIENCE}"
+
+{services}""")
+        self.child = Child("gateway", [binary, "serve", "--config", self.config],
+                           os.path.join(tmp, "gateway.log"), wait_listening=False,
+                           env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")})
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                status, _, body = http_call(self.url + "/healthz")
+                if status == 200 and json.loads(body) == {"status": "ok"}:
+                    break
+            except OSError:
+                pass
+            if self.child.proc.poll() is not None or time.monotonic() > deadline:
+                code = self.child.proc.poll()
+                self.child.stop()
+                raise RuntimeError(f"gateway not healthy within {START_TIMEOUT}s (exit code {code}); "
+                                   f"log:\n{tail(self.child.log_path)}")
+            time.sleep(0.05)
+
+    def create_key(self, name, scopes):
+        out = subprocess.run([self.binary, "keys", "create", "--config", self.config,
+                              "--name", name, "--scopes", scopes],
+                             capture_output=True, text=True, timeout=30, cwd=ROOT)
+        if out.returncode != 0:
+            raise RuntimeError(f"keys create failed ({out.returncode}): {out.stderr}")
+        key = out.stdout.strip().splitlines()[-1]
+        if not re.fullmatch(r"ak_[0-9a-f]{16}\.[A-Za-z0-9_-]{43}", key):
+            raise RuntimeError(f"keys create: last line is not a key: {key!r}")
+        return key
+
+    def base(self, service):
+        return f"{self.url}/v1/{service}/v1"
+
+    def sdk(self, service, token):
+        return openai.OpenAI(base_url=self.base(service), api_key=token, max_retries=0, timeout=HTTP_TIMEOUT)
+
+    def get(self, service, path, token):
+        return http_call(f"{self.url}/v1/{service}{path}", headers={"Authorization": f"Bearer {token}"})
+
+    def post_json(self, service, path, token, obj):
+        return http_call(f"{self.url}/v1/{service}{path}", "POST", json.dumps(obj),
+                         {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+
+
+# ---- the checks ---------------------------------------------------------------------------------
+
+class Results:
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def check(self, name, fn, *args):
+        try:
+            detail = fn(*args)
+        except Exception as e:  # a failed check never stops the others
+            self.failed += 1
+            msg = str(e) if isinstance(e, CheckFailed) else f"{type(e).__name__}: {e}"
+            print(f"FAIL  {name}: {msg}", flush=True)
+            if not isinstance(e, (CheckFailed, openai.APIError)):
+                traceback.print_exc(limit=3, file=sys.stdout)
+            return False
+        self.passed += 1
+        print(f"ok    {name}" + (f"  [{detail}]" if detail else ""), flush=True)
+        return True
+
+    def record(self, name, ok, detail=""):
+        """Counts a result decided elsewhere (a Node test, an aborted step)."""
+        def outcome():
+            expect(ok, detail or "failed")
+            return detail
+        self.check(name, outcome)
+
+
+def png_1x1():
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 6, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00\xff")) + chunk(b"IEND", b""))
+
+
+def echo(text):
+    return "Echo: " + text
+
+
+def reasoning_of(obj):
+    # Fields outside the SDK's models land in model_extra; getattr covers both.
+    return getattr(obj, "reasoning_content", None)
+
+
+def chat_checks(gw, token, service, model):
+    client = gw.sdk(service, token)
+
+    def non_streaming():
+        r = client.chat.completions.create(model=model, messages=[
+            {"role": "system", "content": "Be brief."}, {"role": "user", "content": f"hello {service}"}])
+        expect_eq(r.object, "chat.completion", "object")
+        expect_eq(r.model, model, "model echoed by the upstream")
+        msg = r.choices[0].message
+        expect_eq((msg.role, msg.content), ("assistant", echo(f"hello {service}")), "message")
+        expect_eq(r.choices[0].finish_reason, "stop", "finish_reason")
+        expect_eq(reasoning_of(msg), demo.REASONING, "message.reasoning_content")
+        expect(r.usage and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens > 0,
+               f"usage: {r.usage}")
+        return f"id {r.id}"
+
+    def streaming():
+        stream = client.chat.completions.create(
+            model=model, stream=True, messages=[{"role": "user", "content": f"stream {service} please"}])
+        kinds, content, reasoning, finish = [], [], [], None
+        for chunk in stream:
+            expect_eq(chunk.object, "chat.completion.chunk", "chunk object")
+            choice = chunk.choices[0]
+            r = reasoning_of(choice.delta)
+            if r:
+                reasoning.append(r)
+                kinds.append("r")
+            if choice.delta.content:
+                content.append(choice.delta.content)
+                kinds.append("c")
+            finish = choice.finish_reason or finish
+        expect(stream.response.is_closed, "the SDK's stream did not end by itself")
+        expect_eq("".join(reasoning), demo.REASONING, "joined reasoning_content deltas")
+        expect_eq("".join(content), echo(f"stream {service} please"), "joined content deltas")
+        expect(len(content) > 1, f"answer arrived in {len(content)} delta(s), not token by token")
+        expect("".join(kinds) == "r" * len(reasoning) + "c" * len(content), "reasoning deltas must precede content")
+        expect_eq(finish, "stop", "final finish_reason")
+        return f"{len(reasoning)} reasoning + {len(content)} content deltas"
+
+    def done_line():
+        # The SDK hides [DONE]; read the same request's raw SSE through the SDK's streaming response.
+        with client.chat.completions.with_streaming_response.create(
+                model=model, stream=True, messages=[{"role": "user", "content": "done?"}]) as resp:
+            expect_eq(resp.status_code, 200, "status")
+            expect(resp.headers.get("content-type", "").startswith("text/event-stream"),
+                   f"content-type {resp.headers.get('content-type')}")
+            expect("set-cookie" not in resp.headers, "upstream Set-Cookie reached the client")
+            data = [line for line in resp.iter_lines() if line.startswith("data:")]
+        expect(data and data[-1].strip() == "data: [DONE]", f"last data line {data[-1:]!r}")
+        expect(all(json.loads(d[5:])["object"] == "chat.completion.chunk" for d in data[:-1]),
+               "every other data line is a JSON chunk")
+        return f"{len(data)} data lines, last [DONE]"
+
+    return non_streaming, streaming, done_line
+
+
+def infer_checks(gw, token):
+    client = gw.sdk("infer", token)
+
+    def vision():
+        url = "data:image/png;base64," + base64.b64encode(png_1x1()).decode()
+        r = client.chat.completions.create(model=demo.CHAT_MODEL, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is in this image?"},
+            {"type": "image_url", "image_url": {"url": url}}]}])
+        # The demo upstream answers " [image:<media type>]" for each data: image part it parsed.
+        expect_eq(r.choices[0].message.content, echo("What is in this image? [image:image/png]"), "answer")
+
+    def thinking_off():
+        msgs = [{"role": "user", "content": "no thinking"}]
+        on = client.chat.completions.create(model=demo.CHAT_MODEL, messages=msgs,
+                                            extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        off = client.chat.completions.create(model=demo.CHAT_MODEL, messages=msgs,
+                                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        # The upstream drops reasoning only for a JSON `false` under chat_template_kwargs, so the
+        # difference proves the field reached it as sent (object, key and boolean type intact).
+        expect_eq(reasoning_of(on.choices[0].message), demo.REASONING, "reasoning with enable_thinking=true")
+        expect_eq(reasoning_of(off.choices[0].message), None, "reasoning with enable_thinking=false")
+        expect_eq(off.choices[0].message.content, echo("no thinking"), "answer")
+        stream = client.chat.completions.create(model=demo.CHAT_MODEL, messages=msgs, stream=True,
+                                                extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        chunks = list(stream)
+        expect(not any(reasoning_of(c.choices[0].delta) for c in chunks if c.choices),
+               "a streamed reasoning delta despite enable_thinking=false")
+        expect_eq("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), echo("no thinking"),
+                  "streamed answer")
+
+    def models():
+        ids = [m.id for m in client.models.list()]
+        expect(demo.CHAT_MODEL in ids, f"{demo.CHAT_MODEL} not in {ids}")
+        return ", ".join(ids)
+
+    return vision, thinking_off, models
+
+
+def embed_checks(gw, token):
+    client = gw.sdk("embed", token)
+    texts = ["first text", "zweiter Text", "troisième texte", "第四"]
+
+    def compare(data):
+        expect_eq([d.index for d in data], list(range(len(texts))), "indices, in order")
+        for d, text in zip(data, texts):
+            expect(isinstance(d.embedding, list) and len(d.embedding) == 1024
+                   and all(isinstance(x, float) for x in d.embedding),
+                   f"item {d.index}: not 1024 floats ({type(d.embedding).__name__}, {len(d.embedding)})")
+            want = demo.embed(text)  # deterministic per text: proves item i embeds input i
+            worst = max(abs(a - b) for a, b in zip(d.embedding, want))
+            expect(worst < 1e-6, f"item {d.index} is not the embedding of {text!r} (max diff {worst})")
+        norm = math.sqrt(sum(x * x for x in data[0].embedding))
+        expect(abs(norm - 1) < 1e-3, f"vector norm {norm}")
+
+    def default_encoding():
+        # The SDK asks for base64 by default and decodes it itself.
+        r = client.embeddings.create(model=demo.EMB_MODEL, input=texts)
+        expect_eq((r.object, r.model), ("list", demo.EMB_MODEL), "object, model")
+        compare(r.data)
+        expect(r.usage.total_tokens > 0, f"usage {r.usage}")
+        return f"{len(r.data)} x {len(r.data[0].embedding)}"
+
+    def float_encoding():
+        r = client.embeddings.create(model=demo.EMB_MODEL, input=texts, encoding_format="float")
+        compare(r.data)
+
+    def models():
+        ids = [m.id for m in client.models.list()]
+        expect(demo.EMB_MODEL in ids, f"{demo.EMB_MODEL} not in {ids}")
+
+    return default_encoding, float_encoding, models
+
+
+def expect_unauthorized(fn, what):
+    try:
+        fn()
+    except openai.AuthenticationError as e:
+        expect_eq(e.status_code, 401, "status")
+        expect_eq(e.response.json(), {"error": "unauthorized"}, "body")
+        expect_eq(e.response.headers.get("www-authenticate"), "Bearer", "WWW-Authenticate")
+        return "AuthenticationError 401"
+    raise CheckFailed(f"{what} was accepted")
+
+
+def expect_forbidden(fn, what):
+    try:
+        fn()
+    except openai.PermissionDeniedError as e:
+        expect_eq(e.status_code, 403, "status")
+        expect_eq(e.response.json().get("error"), "forbidden", "error code")
+        return "PermissionDeniedError 403"
+    raise CheckFailed(f"{what} was accepted")
+
+
+def run_sdk_suite(res, gw, label, token, scoped):
+    """The Python SDK checks with one credential; `scoped` is a credential with the embed scope
+    but not chatx, for the 403 check."""
+    for service, model in (("infer", demo.CHAT_MODEL), ("chatx", "x-small"), ("chaty", "y-large")):
+        non_streaming, streaming, done_line = chat_checks(gw, token, service, model)
+        res.check(f"[py {label}] {service}: chat.completions.create", non_streaming)
+        res.check(f"[py {label}] {service}: streaming content + reasoning_content deltas", streaming)
+        res.check(f"[py {label}] {service}: stream ends with data: [DONE]", done_line)
+    vision, thinking_off, infer_models = infer_checks(gw, token)
+    res.check(f"[py {label}] infer: vision message with a data:image/png part", vision)
+    res.check(f"[py {label}] infer: extra_body chat_template_kwargs.enable_thinking=false reaches the upstream",
+              thinking_off)
+    res.check(f"[py {label}] infer: models.list", infer_models)
+    default_encoding, float_encoding, embed_models = embed_checks(gw, token)
+    res.check(f"[py {label}] embed: embeddings.create, list input (SDK default base64)", default_encoding)
+    res.check(f"[py {label}] embed: embeddings.create, list input, encoding_format=float", float_encoding)
+    res.check(f"[py {label}] embed: models.list", embed_models)
+
+    def forbidden():
+        detail = expect_forbidden(lambda: gw.sdk("chatx", scoped).chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "hi"}]), "chatx without the chatx scope")
+        # The same credential works where its scope allows: the 403 is about scope, not the token.
+        gw.sdk("embed", scoped).embeddings.create(model=demo.EMB_MODEL, input=["ok"])
+        return detail
+    res.check(f"[py {label}] chatx without the chatx scope raises PermissionDeniedError", forbidden)
+
+
+def run_node_suite(res, gw, label, token, tmp):
+    env = {**os.environ, "PORTCULLIS_URL": gw.url, "PORTCULLIS_TOKEN": token}
+    log = os.path.join(tmp, f"node-{label}.log")
+    try:
+        out = subprocess.run(["node", "--test", "--test-reporter=tap", os.path.join(SDK_DIR, "node.test.mjs")],
+                             capture_output=True, text=True, timeout=120, env=env, cwd=SDK_DIR)
+        text, code = out.stdout + out.stderr, out.returncode
+    except subprocess.TimeoutExpired as e:
+        text, code = f"timed out after 120 s\n{e.stdout or ''}", -1
+    with open(log, "w") as f:
+        f.write(text)
+    # Top-level TAP results, each with its YAML diagnostics block (error, expected, actual...).
+    results = re.findall(r"^(ok|not ok) \d+ - (.*?)(?: # \w+.*)?\n(?:  ---\n((?:  .*\n)*?)  \.\.\.)?",
+                         text, re.M)
+    for status, name, diag in results:
+        detail = "" if status == "ok" else " / ".join(
+            line.strip() for line in diag.splitlines()
+            if re.match(r"  (error|expected|actual|operator|failureType):", line)) + f" (full output: {log})"
+        res.record(f"[node {label}] {name}", status == "ok", detail)
+    declared = re.search(r"^# tests (\d+)$", text, re.M)
+    if not results or code != 0 and all(s == "ok" for s, _, _ in results) or \
+            not declared or int(declared.group(1)) != len(results):
+        res.record(f"[node {label}] node --test completed", False,
+                   f"exit code {code}, {len(results)} results parsed; output:\n{text[-1500:]}")
+
+
+def idp_checks(res, gw, idp):
+    """The gateway against the real provider. Returns the authorization-code access token."""
+    tokens = {}
+
+    def discovery():
+        status, _, body = http_call(idp.issuer + "/.well-known/openid-configuration")
+        doc = json.loads(body)
+        expect_eq((status, doc.get("issuer")), (200, idp.issuer), "discovery issuer")
+        return f"jwks_uri {doc['jwks_uri']}"
+    res.check("[idp] discovery document names the issuer the gateway was given", discovery)
+
+    def cc_token():
+        t = idp.client_credentials("infer embed")
+        header, claims = jwt_parts(t["access_token"])
+        expect_eq(header.get("typ"), "at+jwt", "typ (RFC 9068)")
+        expect_eq(header.get("alg"), "RS256", "alg")
+        expect(header.get("kid"), "no kid")
+        expect_eq((claims.get("iss"), claims.get("aud")), (idp.issuer, AUDIENCE), "iss, aud")
+        expect_eq(claims.get("scope"), "infer embed", "scope")
+        expect(claims.get("sub"), f"no sub in a client_credentials token: {claims}")
+        tokens["cc"] = t["access_token"]
+        return f"sub={claims['sub']!r} client_id={claims.get('client_id')!r} kid={header['kid']}"
+    if not res.check("[idp] client_credentials grant issues an RFC 9068 JWT access token", cc_token):
+        return None
+
+    cc = tokens["cc"]
+    for service in ("infer", "embed"):
+        def allowed(service=service):
+            if service == "embed":
+                status, _, body = gw.post_json("embed", "/v1/embeddings", cc, {"model": demo.EMB_MODEL, "input": "x"})
+                expect_eq(status, 200, f"status ({body[:200]!r})")
+                expect_eq(len(json.loads(body)["data"][0]["embedding"]), 1024, "dimensions")
+            else:
+                status, _, body = gw.post_json(service, "/v1/chat/completions", cc,
+                                               {"messages": [{"role": "user", "content": "hi"}]})
+                expect_eq(status, 200, f"status ({body[:200]!r})")
+                expect_eq(json.loads(body)["choices"][0]["message"]["content"], echo("hi"), "answer")
+        res.check(f"[idp] client_credentials token (scope infer embed) accepted on {service}", allowed)
+    for service in ("chatx", "chaty"):
+        def refused(service=service):
+            status, _, body = gw.post_json(service, "/v1/chat/completions", cc,
+                                           {"messages": [{"role": "user", "content": "hi"}]})
+            expect_eq(status, 403, f"status ({body[:200]!r})")
+            expect_eq(json.loads(body).get("error"), "forbidden", "error")
+        res.check(f"[idp] client_credentials token refused with 403 on {service}", refused)
+
+    def other_audience():
+        t = idp.client_credentials("infer embed", resource=OTHER_AUDIENCE)["access_token"]
+        expect_eq(jwt_parts(t)[1]["aud"], OTHER_AUDIENCE, "aud of the other resource's token")
+        status, headers, body = gw.get("infer", "/v1/models", t)
+        expect_eq((status, json.loads(body)), (401, {"error": "unauthorized"}), "response")
+    res.check("[idp] a well-signed token for another audience is refused with 401", other_audience)
+
+    def auth_code():
+        t = idp.authorization_code("openid infer chatx chaty embed")
+        at, idt = t.get("access_token"), t.get("id_token")
+        expect(at and idt, f"token response lacks access_token or id_token: {sorted(t)}")
+        header, claims = jwt_parts(at)
+        expect_eq((header.get("typ"), claims.get("sub"), claims.get("aud")), ("at+jwt", "alice", AUDIENCE),
+                  "access token typ, sub, aud")
+        for service in SERVICES:
+            path = "/v1/embeddings" if service == "embed" else "/v1/chat/completions"
+            body = {"model": demo.EMB_MODEL, "input": "x"} if service == "embed" else \
+                {"messages": [{"role": "user", "content": "hi"}]}
+            status, _, resp = gw.post_json(service, path, at, body)
+            expect_eq(status, 200, f"{service} status ({resp[:200]!r})")
+        tokens["code"], tokens["id"] = at, idt
+        return f"scope {claims.get('scope')!r}"
+    res.check("[idp] authorization-code flow (headless login + consent) token accepted on all four services",
+              auth_code)
+
+    def id_token():
+        expect("id" in tokens, "no ID token (the authorization-code check failed)")
+        header, claims = jwt_parts(tokens["id"])
+        status, headers, body = gw.get("infer", "/v1/models", tokens["id"])
+        expect_eq((status, json.loads(body)), (401, {"error": "unauthorized"}), "response")
+        expect_eq(headers.get("WWW-Authenticate"), "Bearer", "WWW-Authenticate")
+        same_kid = header.get("kid") == jwt_parts(tokens["code"])[0].get("kid")
+        return (f"typ={header.get('typ')!r} aud={claims.get('aud')!r} sub={claims.get('sub')!r}, "
+                f"{'same' if same_kid else 'other'} kid as the access token")
+    res.check("[idp] the provider's ID token is refused with 401", id_token)
+
+    def tampered():
+        h, p, s = cc.split(".")
+        forged_claims = dict(jwt_parts(cc)[1], scope="infer chatx chaty embed")
+        p2 = base64.urlsafe_b64encode(json.dumps(forged_claims).encode()).rstrip(b"=").decode()
+        return expect_unauthorized(lambda: gw.sdk("chatx", f"{h}.{p2}.{s}").models.list(), "a token with a forged scope")
+    res.check("[py] a JWT whose claims were altered (scope widened) raises AuthenticationError", tampered)
+    return tokens.get("code"), tokens.get("cc")
+
+
+def rotation_check(res, gw, idp):
+    def rotate():
+        old_kid = jwt_parts(idp.client_credentials("infer")["access_token"])[0]["kid"]
+        port = idp.port
+        idp.stop()
+        idp.start()  # same port, fresh signing key
+        expect_eq(idp.port, port, "provider port after restart")
+        new = idp.client_credentials("infer")["access_token"]
+        new_kid = jwt_parts(new)[0]["kid"]
+        expect(new_kid != old_kid, f"the restarted provider signs with the same kid {new_kid}")
+        t0 = time.monotonic()
+        last = None
+        while time.monotonic() - t0 < ROTATION_WINDOW:
+            status, _, body = gw.post_json("infer", "/v1/chat/completions", new,
+                                           {"messages": [{"role": "user", "content": "rotated"}]})
+            if status == 200:
+                return f"new kid accepted after {time.monotonic() - t0:.2f} s, gateway not restarted"
+            last = (status, body[:200])
+            time.sleep(0.25)
+        raise CheckFailed(f"token with the new kid still refused after {ROTATION_WINDOW} s: {last}")
+    res.check("[idp] provider restarted on the same port with new signing keys: new kid accepted", rotate)
+    res.check("[idp] the gateway kept running through the provider restart (same process)",
+              lambda: expect(gw.child.proc.poll() is None, "the gateway exited"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "debug", "portcullis"))
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
+    ap.add_argument("--timeout", type=int, default=600, help="whole-run limit in seconds")
+    args = ap.parse_args()
+
+    def on_signal(signum, frame):
+        raise SystemExit(f"stopped by signal {signum}")
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def on_alarm(signum, frame):
+        raise RunTimeout(f"the whole run exceeded {args.timeout} s")
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(args.timeout)
+
+    started = time.monotonic()
+    tmp = tempfile.mkdtemp(prefix="portcullis-sdk-")
+    res = Results()
+    print(f"openai (Python) {openai.__version__}; logs in {tmp}", flush=True)
+    try:
+        upstream = Child("upstream", [sys.executable, os.path.join(ROOT, "demo", "upstream.py"),
+                                      "--port", "0", "--token-delay-ms", "2"],
+                         os.path.join(tmp, "upstream.log"), wait_listening=True)
+        idp = Idp(tmp)
+        idp.start()
+        gw = Gateway(args.bin, tmp, upstream.port, idp.issuer)
+        print(f"upstream :{upstream.port}, provider {idp.issuer}, gateway {gw.url}", flush=True)
+        key_all = gw.create_key("sdk-all", "infer,chatx,chaty,embed")
+        key_embed = gw.create_key("sdk-embed-only", "embed")
+
+        res.check("[py] a bad API key raises AuthenticationError", expect_unauthorized,
+                  lambda: gw.sdk("infer", "ak_0123456789abcdef." + "A" * 43).models.list(), "an unknown key")
+        res.check("[py] a malformed bearer token raises AuthenticationError", expect_unauthorized,
+                  lambda: gw.sdk("embed", "sk-not-a-portcullis-key").embeddings.create(
+                      model=demo.EMB_MODEL, input=["x"]), "a malformed token")
+
+        code_token, cc_token = idp_checks(res, gw, idp)
+        run_sdk_suite(res, gw, "api-key", key_all, key_embed)
+        run_node_suite(res, gw, "api-key", key_all, tmp)
+        if code_token and cc_token:
+            # cc_token holds infer+embed only: its chatx call must give 403.
+            run_sdk_suite(res, gw, "jwt", code_token, cc_token)
+            run_node_suite(res, gw, "jwt", code_token, tmp)
+        else:
+            res.record("[py jwt] SDK suite with a provider-issued JWT", False, "no JWT could be obtained")
+        rotation_check(res, gw, idp)
+    except BaseException as e:  # setup failure, timeout or signal: count it, then clean up
+        res.failed += 1
+        print(f"FAIL  run aborted: {type(e).__name__}: {e}", flush=True)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut cleanup short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for child in reversed(Child.all):
+            child.stop()
+        if res.failed:
+            for name in ("gateway", "idp", "upstream"):
+                print(f"---- {name}.log (tail) ----\n{tail(os.path.join(tmp, name + '.log'))}")
+        if args.keep or res.failed:
+            print(f"logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"(took {time.monotonic() - started:.1f} s)")
+    print(f"{res.passed} passed, {res.failed} failed", flush=True)
+    return 1 if res.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
