@@ -20,6 +20,7 @@ run: build
 
 test: deps
 	$(CARGO) test --all-targets -- --test-threads=4
+	scripts/sdk-tests.sh
 
 bench: deps
 	$(CARGO) bench
