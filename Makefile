@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all build deps run test bench fmt lint clean
+.PHONY: all build deps test-deps run test bench fmt lint clean
 
 all: build
 
@@ -18,8 +18,15 @@ build: deps
 run: build
 	scripts/demo.sh
 
-test: deps
-	$(CARGO) test --all-targets -- --test-threads=4
+# promtool (Debian's prometheus package) lints the real /metrics output in tests/metrics.rs.
+test-deps: deps
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "installing promtool (Debian package prometheus)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+test: test-deps
+	PORTCULLIS_REQUIRE_PROMTOOL=1 $(CARGO) test --all-targets -- --test-threads=4
 	scripts/sdk-tests.sh
 
 bench: deps

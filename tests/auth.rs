@@ -254,11 +254,16 @@ async fn bad_jwts_all_get_the_one_401() {
         }
     });
     assert!(up.requests().is_empty());
-    let metrics = gw.metrics();
-    assert!(
-        metrics.contains("portcullis_auth_failures_total{kind=\"jwt\"} 9"),
-        "{metrics}"
-    );
+    // Counted in the logging phase, just after each response: poll briefly.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let metrics = tokio::task::block_in_place(|| gw.metrics());
+        if metrics.contains("portcullis_auth_failures_total{kind=\"jwt\"} 9") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,172 @@
+//! The Prometheus endpoint on a real gateway: pinned names, bounded labels, the stream gauge
+//! returning to zero, and the exposition format as promtool reads it.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::upstream::Upstream;
+use common::{Gateway, Service};
+
+fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn wait_for(gw: &Gateway, series: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = gw.metrics();
+        if sample(&m, series) == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} never became {want}:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_failures_and_streams_are_counted_with_bounded_labels() {
+    let up = Upstream::start();
+    let gw = Gateway::builder()
+        .service(Service::new("infer", up.url("")))
+        .start();
+    let (key, _) = gw.create_key("infer", &[]);
+    let secret_path = "/v1/infer/private-path-123?token=query-secret";
+    tokio::task::block_in_place(|| {
+        for req in [
+            "GET /healthz HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n".to_string(),
+            "GET /nowhere-at-all HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n".to_string(),
+            "BREW /v1/infer/x HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n".to_string(),
+            format!("GET {secret_path} HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n"),
+            format!("GET /v1/infer/x HTTP/1.1\r\nHost: g\r\nAuthorization: Basic eA==\r\nConnection: close\r\n\r\n"),
+            format!("GET /v1/infer/x HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer ak_00000000000000aa.{}\r\nConnection: close\r\n\r\n", "a".repeat(43)),
+            format!("GET {secret_path} HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"),
+        ] {
+            gw.raw(req.as_bytes());
+        }
+    });
+    // `_local` 200 is two: the harness's readiness probe stops at its first 200, plus ours.
+    let expect = [
+        (
+            r#"portcullis_requests_total{method="GET",service="_local",status="200"}"#,
+            2.0,
+        ),
+        (
+            r#"portcullis_requests_total{method="GET",service="_unknown",status="404"}"#,
+            1.0,
+        ),
+        (
+            r#"portcullis_requests_total{method="OTHER",service="_unknown",status="405"}"#,
+            1.0,
+        ),
+        (
+            r#"portcullis_requests_total{method="GET",service="_unknown",status="401"}"#,
+            3.0,
+        ),
+        (
+            r#"portcullis_requests_total{method="GET",service="infer",status="200"}"#,
+            1.0,
+        ),
+        (r#"portcullis_auth_failures_total{kind="missing"}"#, 1.0),
+        (r#"portcullis_auth_failures_total{kind="malformed"}"#, 1.0),
+        (r#"portcullis_auth_failures_total{kind="api_key"}"#, 1.0),
+        (
+            r#"portcullis_upstream_ttfb_seconds_count{service="infer"}"#,
+            1.0,
+        ),
+        (
+            r#"portcullis_request_duration_seconds_count{service="infer"}"#,
+            1.0,
+        ),
+    ];
+    // Recorded in the logging phase, just after the response is sent: poll, do not snapshot.
+    tokio::task::block_in_place(|| {
+        for (series, want) in expect {
+            wait_for(&gw, series, want);
+        }
+    });
+    let m = gw.metrics();
+    for leak in [
+        "private-path",
+        "query-secret",
+        "BREW",
+        &key[3..19],
+        "nowhere",
+    ] {
+        assert!(!m.contains(leak), "`{leak}` reached a metric label");
+    }
+
+    // A stream raises the gauge while it runs and lowers it when it ends...
+    let gauge = r#"portcullis_active_streams{service="infer"}"#;
+    let client = common::client();
+    let mut resp = client
+        .get(gw.url("/v1/infer/sse?n=3&gap_ms=300"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    resp.chunk().await.unwrap().unwrap();
+    tokio::task::block_in_place(|| wait_for(&gw, gauge, 1.0));
+    while resp.chunk().await.unwrap().is_some() {}
+    tokio::task::block_in_place(|| wait_for(&gw, gauge, 0.0));
+    // ...and also when the client walks away mid-stream.
+    let mut resp = client
+        .get(gw.url("/v1/infer/sse?n=100&gap_ms=100"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    resp.chunk().await.unwrap().unwrap();
+    tokio::task::block_in_place(|| wait_for(&gw, gauge, 1.0));
+    drop(resp);
+    tokio::task::block_in_place(|| wait_for(&gw, gauge, 0.0));
+}
+
+#[test]
+fn the_exposition_passes_promtool() {
+    let up = Upstream::start();
+    let gw = Gateway::builder()
+        .service(Service::new("infer", up.url("")))
+        .start();
+    let (key, _) = gw.create_key("infer", &[]);
+    gw.raw(format!("GET /v1/infer/x HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n").as_bytes());
+    gw.raw(b"GET /v1/infer/x HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n");
+    let text = gw.metrics();
+    let promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match promtool {
+        Ok(child) => child,
+        // `make test` installs promtool; a bare `cargo test` elsewhere may not have it.
+        Err(_) if std::env::var_os("PORTCULLIS_REQUIRE_PROMTOOL").is_none() => {
+            eprintln!("promtool not installed: exposition not checked (make test installs it)");
+            return;
+        }
+        Err(e) => panic!("promtool is required here: {e}"),
+    };
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool: {report}\n{text}");
+    // promtool also lints (e.g. counters must end in _total); it prints nothing when clean.
+    assert!(report.trim().is_empty(), "promtool lint: {report}");
+}
