@@ -76,6 +76,9 @@ def error_body(message):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, like a real upstream
+    # Headers and body go out in separate writes: without this, Nagle plus delayed ACKs
+    # hold every response after the first on a kept-alive connection for ~40 ms.
+    disable_nagle_algorithm = True
     server_version = "DemoUpstream/1.0"
     cfg = None  # argparse namespace, set in main()
 
