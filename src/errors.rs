@@ -27,6 +27,7 @@ pub enum Malformed {
     Backslash,
     ControlCharacter,
     ContentLength,
+    HeadersTooLarge,
     Framing,
 }
 
@@ -69,6 +70,9 @@ impl GatewayError {
             }
             GatewayError::BadRequest(Malformed::ContentLength) => {
                 br#"{"error":"bad_request","message":"invalid content-length"}"#
+            }
+            GatewayError::BadRequest(Malformed::HeadersTooLarge) => {
+                br#"{"error":"bad_request","message":"request headers too large"}"#
             }
             GatewayError::BadRequest(Malformed::Framing) => {
                 br#"{"error":"bad_request","message":"malformed request"}"#

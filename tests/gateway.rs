@@ -485,3 +485,22 @@ async fn every_401_is_byte_identical() {
     assert_eq!(gw.raw(req.as_bytes()).0, 401);
     assert!(up.requests().is_empty());
 }
+
+#[tokio::test]
+async fn oversized_header_blocks_are_400() {
+    let up = Upstream::start();
+    let gw = gateway_with(&up);
+    let (key, _) = gw.create_key("infer", &[]);
+    let many: String = (0..120).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let huge = format!("x-big: {}\r\n", "b".repeat(70 * 1024));
+    for extra in [many, huge] {
+        let (status, _, body) = gw.raw(&get("/v1/infer/x", &key, &extra));
+        assert_eq!(status, 400);
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["message"], "request headers too large");
+    }
+    assert!(up.requests().is_empty());
+    // Ordinary requests with a few dozen headers pass.
+    let some: String = (0..40).map(|i| format!("x-h{i}: v\r\n")).collect();
+    assert_eq!(gw.raw(&get("/v1/infer/x", &key, &some)).0, 200);
+}

@@ -44,7 +44,7 @@ async fn requests_failures_and_streams_are_counted_with_bounded_labels() {
             "GET /nowhere-at-all HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n".to_string(),
             "BREW /v1/infer/x HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n".to_string(),
             format!("GET {secret_path} HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n"),
-            format!("GET /v1/infer/x HTTP/1.1\r\nHost: g\r\nAuthorization: Basic eA==\r\nConnection: close\r\n\r\n"),
+            "GET /v1/infer/x HTTP/1.1\r\nHost: g\r\nAuthorization: Basic eA==\r\nConnection: close\r\n\r\n".to_string(),
             format!("GET /v1/infer/x HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer ak_00000000000000aa.{}\r\nConnection: close\r\n\r\n", "a".repeat(43)),
             format!("GET {secret_path} HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"),
         ] {

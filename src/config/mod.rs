@@ -69,6 +69,8 @@ pub struct ServiceConfig {
     pub idle_timeout: Duration,
     /// Set on every upstream request, values already expanded; marked sensitive so they never print.
     pub upstream_headers: Vec<(HeaderName, HeaderValue)>,
+    /// DER certificates from `ca_file`: the only roots trusted for this upstream when set.
+    pub ca_certs: Option<Vec<Vec<u8>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -391,6 +393,19 @@ impl Validator<'_> {
                 }
             }
         }
+        let ca_certs = s.ca_file.as_deref().and_then(|path| {
+            let ckey = format!("{key}.ca_file");
+            if upstream.as_ref().is_some_and(|u| !u.tls) {
+                self.problem(&ckey, "applies only to an https upstream");
+            }
+            match load_ca_file(path) {
+                Ok(certs) => Some(certs),
+                Err(e) => {
+                    self.problem(&ckey, e);
+                    None
+                }
+            }
+        });
         let seconds = |v: Option<u64>, default: u64| Duration::from_secs(v.unwrap_or(default));
         let connect_timeout = seconds(s.connect_timeout_seconds, 3);
         let read_timeout = seconds(s.read_timeout_seconds, 300);
@@ -412,8 +427,25 @@ impl Validator<'_> {
             read_timeout,
             idle_timeout,
             upstream_headers,
+            ca_certs,
         })
     }
+}
+
+/// Every certificate of a PEM bundle, each checked to parse, so a bad file fails at start-up.
+fn load_ca_file(path: &str) -> Result<Vec<Vec<u8>>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read `{path}`: {e}"))?;
+    let mut certs = Vec::new();
+    for item in rustls_pemfile::certs(&mut pem.as_slice()) {
+        let der = item.map_err(|e| format!("`{path}` is not valid PEM: {e}"))?;
+        x509_parser::parse_x509_certificate(&der)
+            .map_err(|e| format!("`{path}` holds an invalid certificate: {e}"))?;
+        certs.push(der.to_vec());
+    }
+    if certs.is_empty() {
+        return Err(format!("`{path}` holds no certificate"));
+    }
+    Ok(certs)
 }
 
 fn http_url(s: &str) -> Option<http::Uri> {

@@ -7,6 +7,22 @@ use pingora::http::{RequestHeader, ResponseHeader};
 
 use crate::config::ServiceConfig;
 
+/// Caps on what a client may send in headers: Pingora's own limits (256 headers, about
+/// 1 MiB) are far above what any API client needs, and every byte is forwarded upstream.
+pub const MAX_HEADERS: usize = 100;
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Whether the request's header block fits the caps.
+pub fn within_limits(req: &RequestHeader) -> bool {
+    let headers = &req.headers;
+    headers.len() <= MAX_HEADERS
+        && headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 4)
+            .sum::<usize>()
+            <= MAX_HEADER_BYTES
+}
+
 /// Client credentials that must never reach an upstream.
 const CLIENT_SECRETS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
 /// Session and challenge headers the gateway never relays: it issues no cookies and

@@ -57,6 +57,9 @@ impl Gateway {
             Ok(t) => t,
             Err(e) => return Decision::Reject(e),
         };
+        if !headers::within_limits(req) {
+            return Decision::Reject(GatewayError::BadRequest(Malformed::HeadersTooLarge));
+        }
         let (service, forward) = match target {
             Target::Health => return Decision::Health,
             Target::NotFound => return Decision::Reject(GatewayError::NotFound),

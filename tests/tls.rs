@@ -1,0 +1,202 @@
+//! HTTPS upstreams: the certificate is verified against the upstream's host name, with the
+//! platform roots or a service's own `ca_file`. A real TLS server (Python's ssl) on loopback,
+//! with a throwaway CA made by the openssl CLI.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use common::{Gateway, Service};
+
+/// A CA, and a leaf for `san` signed by it, written into `dir`.
+fn make_certs(dir: &Path, san: &str) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl CLI");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=Portcullis Test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=upstream",
+        "-keyout",
+        "leaf.key",
+        "-out",
+        "leaf.csr",
+    ]);
+    std::fs::write(dir.join("ext.cnf"), format!("subjectAltName={san}\n")).unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "leaf.pem",
+    ]);
+}
+
+const TLS_SERVER: &str = r#"
+import http.server, ssl, sys
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = b'{"tls":true}'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"#;
+
+struct TlsUpstream {
+    port: u16,
+    child: Child,
+}
+
+impl TlsUpstream {
+    fn start(dir: &Path) -> TlsUpstream {
+        let mut child = Command::new("python3")
+            .args(["-c", TLS_SERVER])
+            .arg(dir.join("leaf.pem"))
+            .arg(dir.join("leaf.key"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        TlsUpstream {
+            port: line.trim().parse().expect("TLS server port"),
+            child,
+        }
+    }
+}
+
+impl Drop for TlsUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn status(gw: &Gateway, key: &str, service: &str) -> (u16, Vec<u8>) {
+    let req = format!("GET /v1/{service}/x HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n");
+    let (s, _, b) = gw.raw(req.as_bytes());
+    (s, b)
+}
+
+#[test]
+fn https_upstreams_are_verified_against_the_host_name() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path(), "IP:127.0.0.1");
+    let wrong = tempfile::tempdir().unwrap();
+    make_certs(wrong.path(), "DNS:other.example");
+    let good = TlsUpstream::start(certs.path());
+    let misnamed = TlsUpstream::start(wrong.path());
+    let ca = certs.path().join("ca.pem");
+    let wrong_ca = wrong.path().join("ca.pem");
+    let trusted = format!("ca_file = \"{}\"", ca.display());
+    let trusted_wrong = format!("ca_file = \"{}\"", wrong_ca.display());
+    let gw = Gateway::builder()
+        // Trusted CA, right name: served over TLS.
+        .service(Service {
+            extra: &trusted,
+            ..Service::new("good", format!("https://127.0.0.1:{}", good.port))
+        })
+        // Platform roots only: the private CA is not trusted.
+        .service(Service::new(
+            "untrusted",
+            format!("https://127.0.0.1:{}", good.port),
+        ))
+        // Trusted CA, but the certificate names another host.
+        .service(Service {
+            extra: &trusted_wrong,
+            ..Service::new("misnamed", format!("https://127.0.0.1:{}", misnamed.port))
+        })
+        .start();
+    let (key, _) = gw.create_key("good,untrusted,misnamed", &[]);
+    assert_eq!(
+        status(&gw, &key, "good"),
+        (200, br#"{"tls":true}"#.to_vec())
+    );
+    for service in ["untrusted", "misnamed"] {
+        let (code, body) = status(&gw, &key, service);
+        assert_eq!(code, 502, "{service}: an unverifiable upstream was used");
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap()["error"],
+            "bad_gateway"
+        );
+    }
+}
+
+#[test]
+fn a_bad_ca_file_is_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("junk.pem"), "not a certificate").unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[services.x]\nupstream = \"https://127.0.0.1:1\"\nscope = \"x\"\nca_file = \"{0}/junk.pem\"\n\
+             [services.y]\nupstream = \"https://127.0.0.1:1\"\nscope = \"y\"\nca_file = \"{0}/missing.pem\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(common::BIN)
+        .args(["serve", "-t", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("services.x.ca_file") && err.contains("services.y.ca_file"),
+        "{err}"
+    );
+}
