@@ -18,12 +18,13 @@ build: deps
 run: build
 	scripts/demo.sh
 
-# promtool (Debian's prometheus package) lints the real /metrics output in tests/metrics.rs.
+# promtool (Debian's prometheus package) lints the real /metrics output in tests/metrics.rs;
+# the openssl CLI makes the throwaway CA of tests/tls.rs.
 test-deps: deps
-	@command -v promtool >/dev/null 2>&1 || { \
-	  echo "installing promtool (Debian package prometheus)"; \
+	@command -v promtool >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 || { \
+	  echo "installing promtool (Debian package prometheus) and openssl"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	    apt-get install -y -qq --no-install-recommends prometheus openssl >/dev/null; }
 
 test: test-deps
 	PORTCULLIS_REQUIRE_PROMTOOL=1 $(CARGO) test --all-targets -- --test-threads=4
