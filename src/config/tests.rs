@@ -126,6 +126,10 @@ fn refuses_bad_server_and_auth_values() {
         "{MINIMAL}[auth.api_keys]\ndatabase = \"mysql://x\"\n"
     ));
     assert!(p.contains("auth.api_keys.database"), "{p}");
+    let p = problems(&format!(
+        "{MINIMAL}[auth.api_keys]\ndatabase = \"postgres://db/keys\"\n"
+    ));
+    assert!(p.contains("not supported by this build yet"), "{p}");
 }
 
 #[test]
