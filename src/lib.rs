@@ -1,5 +1,6 @@
 //! Portcullis: an authenticated HTTP gateway for LLM APIs on Pingora.
 
+pub mod access_log;
 pub mod auth;
 pub mod cli;
 pub mod config;

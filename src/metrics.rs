@@ -8,7 +8,8 @@ use http::{Method, Response};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::auth::AuthFailure;
@@ -26,6 +27,7 @@ pub struct Metrics {
     upstream_ttfb: HistogramVec,
     auth_failures: IntCounterVec,
     active_streams: IntGaugeVec,
+    access_log_dropped: IntCounter,
 }
 
 impl Metrics {
@@ -70,12 +72,18 @@ impl Metrics {
             &["service"],
         )
         .expect("valid metric");
+        let access_log_dropped = IntCounter::new(
+            "portcullis_access_log_dropped_total",
+            "Access-log lines dropped because the writer fell behind.",
+        )
+        .expect("valid metric");
         for m in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
             Box::new(upstream_ttfb.clone()),
             Box::new(auth_failures.clone()),
             Box::new(active_streams.clone()),
+            Box::new(access_log_dropped.clone()),
         ] {
             registry.register(m).expect("metric names are unique");
         }
@@ -86,6 +94,7 @@ impl Metrics {
             upstream_ttfb,
             auth_failures,
             active_streams,
+            access_log_dropped,
         }
     }
 
@@ -126,6 +135,10 @@ impl Metrics {
 
     pub fn stream_ended(&self, service: &str) {
         self.active_streams.with_label_values(&[service]).dec();
+    }
+
+    pub fn access_log_dropped(&self) {
+        self.access_log_dropped.inc();
     }
 
     pub fn render(&self) -> Vec<u8> {

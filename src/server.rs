@@ -1,14 +1,18 @@
 //! Assembles the Pingora server from a validated config: the proxy service on the data-plane
-//! listeners, the metrics endpoint, and the JWKS refresher.
+//! listeners, the metrics endpoint, the JWKS refresher and the access-log writer.
+//! Signals (Pingora's): SIGQUIT hands the listeners to a new `-u` process, SIGTERM
+//! drains, SIGINT stops at once; SIGHUP (ours) reopens the access-log file.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::{Server, ShutdownWatch};
+use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
+use crate::access_log;
 use crate::auth::api_keys::{ApiKeyVerifier, SqliteStore};
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::Authenticator;
@@ -21,7 +25,7 @@ pub struct ServeOptions {
     pub upgrade: bool,
 }
 
-/// Runs until shutdown; returns only on a start-up error.
+/// Runs until shutdown.
 pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     // Stores and key sets are opened now, so a bad database path or an unreachable issuer
     // fails at start-up, not on the first request. The runtime is dropped before Pingora forks.
@@ -30,6 +34,11 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?
         .block_on(build_auth(&config))?;
+    // Opened before the fork too: a path that cannot be written is a start-up error.
+    let (access_log, access_log_service) = access_log::open(&config.access_log)
+        .map_err(|e| format!("access_log.destination: cannot open: {e}"))?;
+    // A daemon would otherwise run from `/`, changing what relative paths in the config mean.
+    let working_directory = std::env::current_dir().ok();
 
     let server_conf = ServerConf {
         threads: config.server.threads,
@@ -37,6 +46,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
         graceful_shutdown_timeout_seconds: Some(config.server.graceful_shutdown_timeout_seconds),
         upgrade_sock: config.server.upgrade_sock.clone(),
         pid_file: config.server.pid_file.clone(),
+        working_directory,
         ..ServerConf::default()
     };
     let opt = Opt {
@@ -50,7 +60,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     server.bootstrap();
 
     let metrics = Arc::new(Metrics::new());
-    let gateway = Gateway::new(&config, auth, metrics.clone());
+    let gateway = Gateway::new(&config, auth, metrics.clone(), access_log.clone());
     let mut proxy =
         pingora::proxy::http_proxy_service_with_name(&server.configuration, gateway, "portcullis");
     for addr in &config.server.listen {
@@ -68,6 +78,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     if let Some(jwt) = jwt {
         server.add_service(background_service("jwks refresh", JwksRefresh(jwt)));
     }
+    server.add_service(background_service("access log", access_log_service));
     log::info!(
         "portcullis listening on {} with services {}",
         config.server.listen.join(", "),
@@ -78,7 +89,10 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    server.run_forever()
+    // Returns after SIGINT, SIGTERM or an upgrade, once the grace period has run out.
+    server.run(RunArgs::default());
+    access_log.flush(Duration::from_secs(2));
+    Ok(())
 }
 
 async fn build_auth(config: &Config) -> Result<(Authenticator, Option<Arc<JwtVerifier>>), String> {

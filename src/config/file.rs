@@ -11,6 +11,7 @@ pub struct File {
     #[serde(default)]
     pub server: Server,
     pub metrics: Option<Metrics>,
+    pub access_log: Option<AccessLog>,
     #[serde(default)]
     pub auth: Auth,
     #[serde(default)]
@@ -33,6 +34,16 @@ pub struct Server {
 #[serde(deny_unknown_fields)]
 pub struct Metrics {
     pub listen: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLog {
+    /// `stdout`, `off`, or a file path.
+    pub destination: Option<String>,
+    pub max_bytes: Option<u64>,
+    pub max_files: Option<usize>,
+    pub buffer_lines: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, Default)]

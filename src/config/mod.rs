@@ -19,6 +19,7 @@ pub struct Config {
     pub path: PathBuf,
     pub server: ServerSettings,
     pub metrics: Option<MetricsSettings>,
+    pub access_log: AccessLogSettings,
     pub api_keys: Option<ApiKeySettings>,
     pub jwt: Option<JwtSettings>,
     pub services: Vec<ServiceConfig>,
@@ -39,6 +40,29 @@ pub struct ServerSettings {
 pub struct MetricsSettings {
     pub listen: String,
 }
+
+#[derive(Debug, Clone)]
+pub struct AccessLogSettings {
+    pub destination: AccessLogDestination,
+    /// Lines queued for the writer thread; beyond this, lines are dropped and counted.
+    pub buffer_lines: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogDestination {
+    Off,
+    Stdout,
+    File {
+        path: PathBuf,
+        /// Rotate to `<path>.1` once the file would grow past this; `None`: never (logrotate + SIGHUP).
+        max_bytes: Option<u64>,
+        /// Rotated files kept: `<path>.1` … `<path>.N`.
+        max_files: usize,
+    },
+}
+
+pub const DEFAULT_ACCESS_LOG_BUFFER: usize = 16 * 1024;
+const DEFAULT_ACCESS_LOG_FILES: usize = 5;
 
 #[derive(Debug, Clone)]
 pub struct ApiKeySettings {
@@ -155,6 +179,7 @@ impl Config {
             path: path.to_path_buf(),
             server: v.server(raw.server),
             metrics: raw.metrics.map(|m| MetricsSettings { listen: m.listen }),
+            access_log: v.access_log(raw.access_log),
             api_keys: raw.auth.api_keys.map(|a| v.api_keys(a)),
             jwt: raw.auth.jwt.and_then(|j| v.jwt(j)),
             services: raw
@@ -267,6 +292,61 @@ impl Validator<'_> {
                 .pid_file
                 .unwrap_or_else(|| "/tmp/portcullis.pid".to_string()),
             max_request_body_bytes,
+        }
+    }
+
+    fn access_log(&mut self, a: Option<file::AccessLog>) -> AccessLogSettings {
+        let Some(a) = a else {
+            return AccessLogSettings {
+                destination: AccessLogDestination::Stdout,
+                buffer_lines: DEFAULT_ACCESS_LOG_BUFFER,
+            };
+        };
+        let buffer_lines = a.buffer_lines.unwrap_or(DEFAULT_ACCESS_LOG_BUFFER);
+        if buffer_lines == 0 {
+            self.problem("access_log.buffer_lines", "must be at least 1");
+        }
+        let destination = match a.destination.as_deref().unwrap_or("stdout") {
+            "" => {
+                self.problem(
+                    "access_log.destination",
+                    "must be `stdout`, `off` or a file path",
+                );
+                AccessLogDestination::Off
+            }
+            "stdout" => AccessLogDestination::Stdout,
+            "off" => AccessLogDestination::Off,
+            path => {
+                if path.ends_with('/') {
+                    self.problem("access_log.destination", "names a directory, not a file");
+                }
+                if a.max_bytes == Some(0) {
+                    self.problem("access_log.max_bytes", "must be at least 1");
+                }
+                let max_files = a.max_files.unwrap_or(DEFAULT_ACCESS_LOG_FILES);
+                if max_files == 0 {
+                    self.problem("access_log.max_files", "must be at least 1");
+                }
+                AccessLogDestination::File {
+                    path: PathBuf::from(path),
+                    max_bytes: a.max_bytes,
+                    max_files,
+                }
+            }
+        };
+        if !matches!(destination, AccessLogDestination::File { .. }) {
+            for (key, set) in [
+                ("access_log.max_bytes", a.max_bytes.is_some()),
+                ("access_log.max_files", a.max_files.is_some()),
+            ] {
+                if set {
+                    self.problem(key, "applies only when destination is a file");
+                }
+            }
+        }
+        AccessLogSettings {
+            destination,
+            buffer_lines,
         }
     }
 

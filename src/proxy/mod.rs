@@ -18,6 +18,7 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 
 pub use context::{RequestCtx, RequestId};
 
+use crate::access_log::{self, AccessLog};
 use crate::auth::Authenticator;
 use crate::config::{Config, ServiceConfig};
 use crate::errors::{write_local, GatewayError, Malformed};
@@ -30,6 +31,7 @@ pub struct Gateway {
     max_body: u64,
     auth: Authenticator,
     metrics: Arc<Metrics>,
+    access_log: AccessLog,
 }
 
 /// What `request_filter` decided, taken out of the borrowed request before acting on it.
@@ -40,13 +42,19 @@ enum Decision {
 }
 
 impl Gateway {
-    pub fn new(config: &Config, auth: Authenticator, metrics: Arc<Metrics>) -> Gateway {
+    pub fn new(
+        config: &Config,
+        auth: Authenticator,
+        metrics: Arc<Metrics>,
+        access_log: AccessLog,
+    ) -> Gateway {
         Gateway {
             peers: config.services.iter().map(upstream::peer_for).collect(),
             services: config.services.clone(),
             max_body: config.server.max_request_body_bytes,
             auth,
             metrics,
+            access_log,
         }
     }
 
@@ -284,7 +292,7 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
-        // 8. Record.
+        // 8. Record: metrics, then the access log (queued for its writer thread, never waited on).
         let status = session
             .response_written()
             .map(|r| r.status.as_u16())
@@ -302,6 +310,12 @@ impl ProxyHttp for Gateway {
             ctx.upstream_ttfb,
             ctx.auth_failure,
         );
+        if self.access_log.enabled() {
+            let line = access_log::Entry::new(session, ctx, service, status).to_line();
+            if !self.access_log.send(line) {
+                self.metrics.access_log_dropped();
+            }
+        }
     }
 }
 

@@ -1,0 +1,458 @@
+//! The access log: one JSON line per request, local responses included.
+//!
+//! `logging()` formats the line and hands it to a dedicated writer thread over a bounded
+//! channel, so a slow disk or a blocked stdout never stalls a request: when the channel is
+//! full the line is dropped (and counted in `portcullis_access_log_dropped_total`).
+//! A file destination is reopened on SIGHUP (for logrotate) and can rotate itself by size.
+
+use std::borrow::Cow;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use pingora::proxy::Session;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use serde::Serialize;
+
+use crate::config::{AccessLogDestination, AccessLogSettings};
+use crate::proxy::RequestCtx;
+
+/// Longest path logged; longer ones are cut (on a character boundary) so one request cannot
+/// write a megabyte line.
+const MAX_PATH: usize = 2048;
+
+/// One request as logged. Never a token, secret, upstream credential, query or body.
+#[derive(Serialize)]
+pub struct Entry<'a> {
+    /// When the request started: RFC 3339, UTC, milliseconds.
+    pub time: String,
+    pub request_id: &'a str,
+    pub method: &'a str,
+    /// The bounded metrics label: a registered service, `_local` or `_unknown`.
+    pub service: &'a str,
+    /// The request path without its query string.
+    pub path: Cow<'a, str>,
+    /// 0 when no response was sent (the client left first).
+    pub status: u16,
+    pub duration_ms: f64,
+    pub upstream_ttfb_ms: Option<f64>,
+    /// Request body bytes read from the client.
+    pub bytes_in: u64,
+    /// Response body bytes sent to the client.
+    pub bytes_out: u64,
+    pub client: Option<IpAddr>,
+    /// `api_key` or `jwt`, once authenticated.
+    pub principal_kind: Option<&'static str>,
+    /// The key id (never the secret) or the JWT `sub`.
+    pub principal_id: Option<&'a str>,
+    /// Why authentication failed: `missing`, `malformed`, `api_key` or `jwt`.
+    pub auth_failure: Option<&'static str>,
+}
+
+impl<'a> Entry<'a> {
+    pub fn new(
+        session: &'a Session,
+        ctx: &'a RequestCtx,
+        service: &'a str,
+        status: u16,
+    ) -> Entry<'a> {
+        let req = session.req_header();
+        let elapsed = ctx.start.elapsed();
+        Entry {
+            time: rfc3339_millis(SystemTime::now() - elapsed),
+            request_id: ctx.request_id.as_str(),
+            method: req.method.as_str(),
+            service,
+            path: path_only(req.raw_path()),
+            status,
+            duration_ms: millis(elapsed),
+            upstream_ttfb_ms: ctx.upstream_ttfb.map(millis),
+            bytes_in: session.body_bytes_read() as u64,
+            bytes_out: session.body_bytes_sent() as u64,
+            client: session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip()),
+            principal_kind: ctx.principal.as_ref().map(|p| p.kind.as_str()),
+            principal_id: ctx.principal.as_ref().map(|p| &*p.id),
+            auth_failure: ctx.auth_failure.map(|f| f.as_str()),
+        }
+    }
+
+    /// The JSON line, newline included. serde_json escapes whatever odd bytes a path held.
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut line = Vec::with_capacity(384);
+        // Serialising plain fields into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut line, self);
+        line.push(b'\n');
+        line
+    }
+}
+
+fn path_only(raw: &[u8]) -> Cow<'_, str> {
+    let end = raw.iter().position(|&b| b == b'?').unwrap_or(raw.len());
+    let path = String::from_utf8_lossy(&raw[..end]);
+    if path.len() <= MAX_PATH {
+        return path;
+    }
+    let mut cut = MAX_PATH;
+    while !path.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Cow::Owned(path[..cut].to_string())
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
+/// `2026-01-05T10:11:12.345Z`
+pub fn rfc3339_millis(t: SystemTime) -> String {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let seconds = crate::cli::rfc3339(since.as_secs() as i64);
+    format!(
+        "{}.{:03}Z",
+        seconds.trim_end_matches('Z'),
+        since.subsec_millis()
+    )
+}
+
+enum Msg {
+    Line(Vec<u8>),
+    /// Look at the reopen flag (set by SIGHUP).
+    Wake,
+    /// Acknowledge once everything queued before it is written and flushed.
+    Flush(mpsc::Sender<()>),
+}
+
+/// The request path's handle: cheap to clone, never blocks.
+#[derive(Clone)]
+pub struct AccessLog {
+    tx: Option<SyncSender<Msg>>,
+}
+
+impl AccessLog {
+    pub fn off() -> AccessLog {
+        AccessLog { tx: None }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// Queues a line; false if it had to be dropped (queue full or writer gone).
+    pub fn send(&self, line: Vec<u8>) -> bool {
+        match &self.tx {
+            Some(tx) => tx.try_send(Msg::Line(line)).is_ok(),
+            None => true,
+        }
+    }
+
+    /// Waits, at most `within`, until every line queued so far is written. For the exit path.
+    pub fn flush(&self, within: Duration) {
+        let Some(tx) = &self.tx else { return };
+        let deadline = Instant::now() + within;
+        let (ack_tx, ack_rx) = mpsc::channel();
+        let mut msg = Msg::Flush(ack_tx);
+        loop {
+            match tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) if Instant::now() < deadline => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(_) => return,
+            }
+        }
+        let _ = ack_rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    }
+
+    fn wake(&self) {
+        if let Some(tx) = &self.tx {
+            // A full queue means the writer is busy and will see the flag anyway.
+            let _ = tx.try_send(Msg::Wake);
+        }
+    }
+}
+
+/// Opens the destination now, so a bad path fails at start-up; the writer thread starts with
+/// the returned service.
+pub fn open(settings: &AccessLogSettings) -> io::Result<(AccessLog, AccessLogService)> {
+    let sink = match &settings.destination {
+        AccessLogDestination::Off => None,
+        AccessLogDestination::Stdout => Some(Sink::Stdout(BufWriter::new(io::stdout()))),
+        AccessLogDestination::File {
+            path,
+            max_bytes,
+            max_files,
+        } => Some(Sink::File(FileSink::open(
+            path.clone(),
+            *max_bytes,
+            *max_files,
+        )?)),
+    };
+    let reopen = Arc::new(AtomicBool::new(false));
+    let (log, writer) = match sink {
+        None => (AccessLog::off(), None),
+        Some(sink) => {
+            let (tx, rx) = mpsc::sync_channel(settings.buffer_lines);
+            let writer = Writer {
+                rx,
+                sink,
+                reopen: reopen.clone(),
+                failing: false,
+            };
+            (AccessLog { tx: Some(tx) }, Some(writer))
+        }
+    };
+    let service = AccessLogService {
+        writer: Mutex::new(writer),
+        reopen,
+        log: log.clone(),
+    };
+    Ok((log, service))
+}
+
+/// Starts the writer thread and reopens the file on SIGHUP.
+pub struct AccessLogService {
+    writer: Mutex<Option<Writer>>,
+    reopen: Arc<AtomicBool>,
+    log: AccessLog,
+}
+
+#[async_trait]
+impl BackgroundService for AccessLogService {
+    async fn start(&self, _shutdown: ShutdownWatch) {
+        // Spawned here, after Pingora has daemonised: a thread from before the fork would not
+        // exist in the daemon. Lines logged until then wait in the channel.
+        let writer = self.writer.lock().ok().and_then(|mut w| w.take());
+        if let Some(writer) = writer {
+            if let Err(e) = std::thread::Builder::new()
+                .name("access-log".into())
+                .spawn(move || writer.run())
+            {
+                log::error!("cannot start the access-log writer: {e}");
+            }
+        }
+        // Handled even without a file: SIGHUP's default action would kill the gateway.
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("cannot handle SIGHUP: {e}");
+                return;
+            }
+        };
+        while hangup.recv().await.is_some() {
+            log::info!("SIGHUP: reopening the access log");
+            self.reopen.store(true, Ordering::Release);
+            self.log.wake();
+        }
+    }
+}
+
+struct Writer {
+    rx: Receiver<Msg>,
+    sink: Sink,
+    reopen: Arc<AtomicBool>,
+    /// Set while writes fail, so the error is logged once, not per line.
+    failing: bool,
+}
+
+impl Writer {
+    fn run(mut self) {
+        let mut acks = Vec::new();
+        while let Ok(first) = self.rx.recv() {
+            // Take the whole burst, then flush once: one write call for many lines.
+            let mut next = Some(first);
+            while let Some(msg) = next {
+                if self.reopen.swap(false, Ordering::AcqRel) {
+                    let result = self.sink.reopen();
+                    self.note(result);
+                }
+                match msg {
+                    Msg::Line(line) => {
+                        let result = self.sink.write_line(&line);
+                        self.note(result);
+                    }
+                    Msg::Wake => {}
+                    Msg::Flush(ack) => acks.push(ack),
+                }
+                next = self.rx.try_recv().ok();
+            }
+            let result = self.sink.flush();
+            self.note(result);
+            for ack in acks.drain(..) {
+                let _ = ack.send(());
+            }
+        }
+    }
+
+    fn note(&mut self, result: io::Result<()>) {
+        match result {
+            Err(e) if !self.failing => {
+                log::error!("access log: {e}; lines are being lost");
+                self.failing = true;
+            }
+            Err(_) => {}
+            Ok(()) if self.failing => {
+                log::info!("access log: writing again");
+                self.failing = false;
+            }
+            Ok(()) => {}
+        }
+    }
+}
+
+enum Sink {
+    Stdout(BufWriter<io::Stdout>),
+    File(FileSink),
+}
+
+impl Sink {
+    fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
+        match self {
+            Sink::Stdout(out) => out.write_all(line),
+            Sink::File(file) => file.write_line(line),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Sink::Stdout(out) => out.flush(),
+            Sink::File(file) => file.out.flush(),
+        }
+    }
+
+    fn reopen(&mut self) -> io::Result<()> {
+        match self {
+            Sink::Stdout(_) => Ok(()),
+            Sink::File(file) => file.reopen(),
+        }
+    }
+}
+
+struct FileSink {
+    path: PathBuf,
+    out: BufWriter<File>,
+    size: u64,
+    max_bytes: Option<u64>,
+    max_files: usize,
+}
+
+impl FileSink {
+    fn open(path: PathBuf, max_bytes: Option<u64>, max_files: usize) -> io::Result<FileSink> {
+        let (file, size) = open_append(&path)?;
+        Ok(FileSink {
+            path,
+            out: BufWriter::with_capacity(64 * 1024, file),
+            size,
+            max_bytes,
+            max_files,
+        })
+    }
+
+    fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
+        let len = line.len() as u64;
+        if self
+            .max_bytes
+            .is_some_and(|max| self.size > 0 && self.size + len > max)
+        {
+            self.rotate()?;
+        }
+        // One write_all per line: BufWriter never splits a line across two writes, and
+        // O_APPEND keeps lines whole when an upgrade's old and new process share the file.
+        self.out.write_all(line)?;
+        self.size += len;
+        Ok(())
+    }
+
+    /// `<path>.N-1` → `<path>.N`, …, `<path>` → `<path>.1`, then a fresh `<path>`.
+    fn rotate(&mut self) -> io::Result<()> {
+        self.out.flush()?;
+        let numbered = |n: usize| {
+            let mut p = self.path.clone().into_os_string();
+            p.push(format!(".{n}"));
+            PathBuf::from(p)
+        };
+        for n in (1..self.max_files).rev() {
+            let from = numbered(n);
+            if from.exists() {
+                std::fs::rename(&from, numbered(n + 1))?;
+            }
+        }
+        std::fs::rename(&self.path, numbered(1))?;
+        self.reopen()
+    }
+
+    fn reopen(&mut self) -> io::Result<()> {
+        self.out.flush()?;
+        let (file, size) = open_append(&self.path)?;
+        self.out = BufWriter::with_capacity(64 * 1024, file);
+        self.size = size;
+        Ok(())
+    }
+}
+
+fn open_append(path: &Path) -> io::Result<(File, u64)> {
+    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    let size = file.metadata()?.len();
+    Ok((file, size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_lose_their_query_and_are_capped() {
+        assert_eq!(path_only(b"/v1/infer/x?key=secret"), "/v1/infer/x");
+        assert_eq!(path_only(b"/a/\xff\x01b"), "/a/\u{fffd}\u{1}b");
+        let long = "é".repeat(MAX_PATH);
+        let cut = path_only(long.as_bytes());
+        assert!(cut.len() <= MAX_PATH && cut.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn times_carry_milliseconds() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_795_000_000_042);
+        assert_eq!(rfc3339_millis(t), "2026-11-18T11:06:40.042Z");
+    }
+
+    #[test]
+    fn a_full_queue_drops_instead_of_blocking() {
+        let settings = AccessLogSettings {
+            destination: AccessLogDestination::Stdout,
+            buffer_lines: 2,
+        };
+        // The writer is never started, so nothing drains the queue.
+        let (log, _service) = open(&settings).unwrap();
+        assert!(log.send(b"1\n".to_vec()));
+        assert!(log.send(b"2\n".to_vec()));
+        assert!(!log.send(b"3\n".to_vec()));
+    }
+
+    #[test]
+    fn files_rotate_by_size_and_keep_max_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let mut sink = FileSink::open(path.clone(), Some(10), 2).unwrap();
+        for line in ["aaaaaaa\n", "bbbbbbb\n", "ccccccc\n", "ddddddd\n"] {
+            sink.write_line(line.as_bytes()).unwrap();
+        }
+        sink.out.flush().unwrap();
+        let read =
+            |suffix: &str| std::fs::read_to_string(format!("{}{suffix}", path.display())).unwrap();
+        assert_eq!(read(""), "ddddddd\n");
+        assert_eq!(read(".1"), "ccccccc\n");
+        assert_eq!(read(".2"), "bbbbbbb\n");
+        assert!(!dir.path().join("access.log.3").exists());
+    }
+}
