@@ -9,3 +9,4 @@ pub mod metrics;
 pub mod proxy;
 pub mod routing;
 pub mod server;
+pub mod shutdown;

@@ -1,6 +1,6 @@
 //! Assembles the Pingora server from a validated config: the proxy service on the data-plane
-//! listeners, the metrics endpoint, the JWKS refresher and the access-log writer.
-//! Signals (Pingora's): SIGQUIT hands the listeners to a new `-u` process, SIGTERM
+//! listeners, the metrics endpoint, the JWKS refresher, the access-log writer and the drain
+//! watcher. Signals (Pingora's): SIGQUIT hands the listeners to a new `-u` process, SIGTERM
 //! drains, SIGINT stops at once; SIGHUP (ours) reopens the access-log file.
 
 use std::sync::Arc;
@@ -19,13 +19,14 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::metrics::{Metrics, MetricsApp};
 use crate::proxy::Gateway;
+use crate::shutdown::{Connections, Drain, Tracked};
 
 pub struct ServeOptions {
     pub daemon: bool,
     pub upgrade: bool,
 }
 
-/// Runs until shutdown.
+/// Runs until shutdown. A drained graceful shutdown exits the process from `Drain`.
 pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     // Stores and key sets are opened now, so a bad database path or an unreachable issuer
     // fails at start-up, not on the first request. The runtime is dropped before Pingora forks.
@@ -61,8 +62,12 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
 
     let metrics = Arc::new(Metrics::new());
     let gateway = Gateway::new(&config, auth, metrics.clone(), access_log.clone());
-    let mut proxy =
-        pingora::proxy::http_proxy_service_with_name(&server.configuration, gateway, "portcullis");
+    let connections = Arc::new(Connections::default());
+    let app = Tracked::new(
+        pingora::proxy::http_proxy(&server.configuration, gateway),
+        connections.clone(),
+    );
+    let mut proxy = Service::new("portcullis".to_string(), app);
     for addr in &config.server.listen {
         proxy.add_tcp(addr);
     }
@@ -79,6 +84,13 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
         server.add_service(background_service("jwks refresh", JwksRefresh(jwt)));
     }
     server.add_service(background_service("access log", access_log_service));
+    server.add_service(background_service(
+        "drain",
+        Drain {
+            connections,
+            access_log: access_log.clone(),
+        },
+    ));
     log::info!(
         "portcullis listening on {} with services {}",
         config.server.listen.join(", "),
@@ -89,7 +101,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    // Returns after SIGINT, SIGTERM or an upgrade, once the grace period has run out.
+    // Returns after SIGINT, or when the grace period ran out with connections still open.
     server.run(RunArgs::default());
     access_log.flush(Duration::from_secs(2));
     Ok(())
