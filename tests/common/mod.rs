@@ -57,6 +57,8 @@ pub struct GatewayBuilder<'a> {
     extra: String,
     env: Vec<(String, String)>,
     cache_ttl: u64,
+    grace_period: u64,
+    args: Vec<String>,
 }
 
 impl<'a> GatewayBuilder<'a> {
@@ -65,7 +67,8 @@ impl<'a> GatewayBuilder<'a> {
         self
     }
 
-    /// Extra TOML appended after the generated sections.
+    /// Extra TOML appended after the generated sections; `{dir}` stands for the gateway's
+    /// temporary directory.
     pub fn extra(mut self, toml: &str) -> Self {
         self.extra.push_str(toml);
         self
@@ -81,6 +84,18 @@ impl<'a> GatewayBuilder<'a> {
         self
     }
 
+    /// `server.grace_period_seconds` (default 5).
+    pub fn grace_period(mut self, seconds: u64) -> Self {
+        self.grace_period = seconds;
+        self
+    }
+
+    /// An extra argument to `serve`, e.g. `-d`.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
     pub fn start(self) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
@@ -88,13 +103,13 @@ impl<'a> GatewayBuilder<'a> {
         let d = dir.path().display();
         let mut toml = format!(
             "[server]\nlisten = [\"127.0.0.1:{port}\"]\nthreads = 2\n\
-             grace_period_seconds = 5\ngraceful_shutdown_timeout_seconds = 1\n\
+             grace_period_seconds = {}\ngraceful_shutdown_timeout_seconds = 1\n\
              upgrade_sock = \"{d}/upgrade.sock\"\npid_file = \"{d}/portcullis.pid\"\n\
              max_request_body_bytes = 4096\n\
              [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\
              [auth.api_keys]\ndatabase = \"sqlite://{d}/keys.db\"\n\
              cache_ttl_seconds = {}\nnegative_cache_ttl_seconds = 1\n",
-            self.cache_ttl
+            self.grace_period, self.cache_ttl
         );
         for s in &self.services {
             toml.push_str(&format!(
@@ -102,13 +117,14 @@ impl<'a> GatewayBuilder<'a> {
                 s.name, s.upstream, s.scope, s.extra
             ));
         }
-        toml.push_str(&self.extra);
+        toml.push_str(&self.extra.replace("{dir}", &d.to_string()));
         let config = dir.path().join("portcullis.toml");
         std::fs::write(&config, toml).unwrap();
         let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
         let mut cmd = Command::new(BIN);
         cmd.args(["serve", "--config"])
             .arg(&config)
+            .args(&self.args)
             .env("RUST_LOG", "info")
             .stdout(log.try_clone().unwrap())
             .stderr(log);
@@ -135,6 +151,8 @@ impl Gateway {
             extra: String::new(),
             env: Vec::new(),
             cache_ttl: 15,
+            grace_period: 5,
+            args: Vec::new(),
         }
     }
 
@@ -238,6 +256,117 @@ impl Drop for Gateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Another gateway process in a gateway's directory, e.g. the new one of an upgrade (`-u`).
+/// Killed when dropped.
+pub struct Proc {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Gateway {
+    /// Starts `portcullis serve --config CONFIG ARGS…` (RUST_LOG=info), logging to `<dir>/<log_name>`.
+    pub fn spawn_serve(&self, config: &Path, args: &[&str], log_name: &str) -> Proc {
+        let log = self.dir.path().join(log_name);
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(config)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Proc { child, log }
+    }
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: &str) {
+        signal_pid(self.child.id(), signal);
+    }
+
+    /// Waits for the process to exit; None if it is still running after `within` (checked at
+    /// least once, so `Duration::ZERO` asks "still running?").
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `kill -SIGNAL pid`.
+pub fn signal_pid(pid: u32, signal: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{signal} {pid} failed");
+}
+
+/// Whether a process (not necessarily our child) is running: a zombie nobody reaped is not.
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesised command name, which may itself hold spaces.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z') | Some('X') | None)
+}
+
+/// Reads one response with a Content-Length from a connection that may be kept alive.
+/// `Ok(None)` when the server closed the connection before sending a byte of it.
+pub fn read_response(s: &mut TcpStream) -> std::io::Result<Option<RawResponse>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) if buf.is_empty() => return Ok(None),
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && buf.is_empty() => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        }
+        if let Some(done) = complete_response(&buf) {
+            buf.truncate(done);
+            break;
+        }
+    }
+    parse_response(&buf).map(Some).ok_or_else(|| {
+        std::io::Error::other(format!(
+            "unparsable response: {:?}",
+            String::from_utf8_lossy(&buf)
+        ))
+    })
 }
 
 /// Runs the CLI with `--config` appended to the subcommand's arguments.
