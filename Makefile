@@ -27,7 +27,8 @@ test-deps: deps
 	    apt-get install -y -qq --no-install-recommends prometheus openssl >/dev/null; }
 
 test: test-deps
-	PORTCULLIS_REQUIRE_PROMTOOL=1 $(CARGO) test --all-targets -- --test-threads=4
+	PORTCULLIS_REQUIRE_PROMTOOL=1 $(CARGO) test --lib --bins --tests -- --test-threads=4
+	$(CARGO) test --benches
 	scripts/sdk-tests.sh
 
 bench: deps
