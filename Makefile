@@ -28,7 +28,7 @@ test-deps: deps
 
 test: test-deps
 	PORTCULLIS_REQUIRE_PROMTOOL=1 $(CARGO) test --lib --bins --tests -- --test-threads=4
-	$(CARGO) test --benches
+	$(CARGO) test --bench auth
 	scripts/sdk-tests.sh
 
 bench: deps
