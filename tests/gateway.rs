@@ -319,13 +319,7 @@ async fn a_client_leaving_mid_stream_closes_the_upstream_connection() {
     let up = Upstream::start();
     let gw = gateway_with(&up);
     let (key, _) = gw.create_key("infer", &[]);
-    let mut resp = common::client()
-        .get(gw.url("/v1/infer/sse?n=100&gap_ms=100"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
-    resp.chunk().await.unwrap().unwrap();
+    let mut resp = gw.open_sse(&key, "/v1/infer/sse?n=100&gap_ms=100").await;
     resp.chunk().await.unwrap().unwrap();
     let left = Instant::now();
     drop(resp);

@@ -104,25 +104,12 @@ async fn requests_failures_and_streams_are_counted_with_bounded_labels() {
 
     // A stream raises the gauge while it runs and lowers it when it ends...
     let gauge = r#"portcullis_active_streams{service="infer"}"#;
-    let client = common::client();
-    let mut resp = client
-        .get(gw.url("/v1/infer/sse?n=3&gap_ms=300"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
-    resp.chunk().await.unwrap().unwrap();
+    let mut resp = gw.open_sse(&key, "/v1/infer/sse?n=3&gap_ms=300").await;
     tokio::task::block_in_place(|| wait_for(&gw, gauge, 1.0));
     while resp.chunk().await.unwrap().is_some() {}
     tokio::task::block_in_place(|| wait_for(&gw, gauge, 0.0));
     // ...and also when the client walks away mid-stream.
-    let mut resp = client
-        .get(gw.url("/v1/infer/sse?n=100&gap_ms=100"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
-    resp.chunk().await.unwrap().unwrap();
+    let resp = gw.open_sse(&key, "/v1/infer/sse?n=100&gap_ms=100").await;
     tokio::task::block_in_place(|| wait_for(&gw, gauge, 1.0));
     drop(resp);
     tokio::task::block_in_place(|| wait_for(&gw, gauge, 0.0));

@@ -220,6 +220,22 @@ impl Gateway {
         raw(self.port, request)
     }
 
+    /// Starts an authorised GET stream and returns it once its first chunk has arrived.
+    pub async fn open_sse(&self, key: &str, path: &str) -> reqwest::Response {
+        let mut resp = client()
+            .get(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        resp.chunk()
+            .await
+            .unwrap()
+            .expect("the stream ended before its first event");
+        resp
+    }
+
     pub fn metrics(&self) -> String {
         let (status, _, body) = raw(
             self.metrics_port,
