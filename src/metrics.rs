@@ -28,6 +28,9 @@ pub struct Metrics {
     auth_failures: IntCounterVec,
     active_streams: IntGaugeVec,
     access_log_dropped: IntCounter,
+    upstream_errors: IntCounterVec,
+    key_store_lookups: IntCounterVec,
+    jwks_fetches: IntCounterVec,
 }
 
 impl Metrics {
@@ -77,8 +80,35 @@ impl Metrics {
             "Access-log lines dropped because the writer fell behind.",
         )
         .expect("valid metric");
+        let upstream_errors = IntCounterVec::new(
+            Opts::new(
+                "portcullis_upstream_errors_total",
+                "Upstream failures answered 502/504, by service and kind (refused, timeout, invalid).",
+            ),
+            &["service", "kind"],
+        )
+        .expect("valid metric");
+        let key_store_lookups = IntCounterVec::new(
+            Opts::new(
+                "portcullis_key_store_lookups_total",
+                "API-key cache misses that went to the key store, by result (found, unknown, error).",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        let jwks_fetches = IntCounterVec::new(
+            Opts::new(
+                "portcullis_jwks_fetches_total",
+                "JWKS refreshes and unknown-kid refetches after start-up, by result (ok, error).",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
         for m in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(upstream_errors.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(key_store_lookups.clone()),
+            Box::new(jwks_fetches.clone()),
+            Box::new(requests.clone()),
             Box::new(duration.clone()),
             Box::new(upstream_ttfb.clone()),
             Box::new(auth_failures.clone()),
@@ -95,6 +125,9 @@ impl Metrics {
             auth_failures,
             active_streams,
             access_log_dropped,
+            upstream_errors,
+            key_store_lookups,
+            jwks_fetches,
         }
     }
 
@@ -139,6 +172,22 @@ impl Metrics {
 
     pub fn access_log_dropped(&self) {
         self.access_log_dropped.inc();
+    }
+
+    pub fn upstream_error(&self, service: &str, kind: &'static str) {
+        self.upstream_errors
+            .with_label_values(&[service, kind])
+            .inc();
+    }
+
+    /// Handed to the API-key verifier, which counts its store lookups.
+    pub fn key_store_lookups(&self) -> IntCounterVec {
+        self.key_store_lookups.clone()
+    }
+
+    /// Handed to the JWT verifier, which counts its JWKS fetches.
+    pub fn jwks_fetches(&self) -> IntCounterVec {
+        self.jwks_fetches.clone()
     }
 
     pub fn render(&self) -> Vec<u8> {

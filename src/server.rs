@@ -30,11 +30,12 @@ pub struct ServeOptions {
 pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     // Stores and key sets are opened now, so a bad database path or an unreachable issuer
     // fails at start-up, not on the first request. The runtime is dropped before Pingora forks.
+    let metrics = Arc::new(Metrics::new());
     let (auth, jwt) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?
-        .block_on(build_auth(&config))?;
+        .block_on(build_auth(&config, &metrics))?;
     // Opened before the fork too: a path that cannot be written is a start-up error.
     let (access_log, access_log_service) = access_log::open(&config.access_log)
         .map_err(|e| format!("access_log.destination: cannot open: {e}"))?;
@@ -60,7 +61,6 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
     server.bootstrap();
 
-    let metrics = Arc::new(Metrics::new());
     let gateway = Gateway::new(&config, auth, metrics.clone(), access_log.clone());
     let connections = Arc::new(Connections::default());
     let app = Tracked::new(
@@ -107,23 +107,26 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     Ok(())
 }
 
-async fn build_auth(config: &Config) -> Result<(Authenticator, Option<Arc<JwtVerifier>>), String> {
+async fn build_auth(
+    config: &Config,
+    metrics: &Metrics,
+) -> Result<(Authenticator, Option<Arc<JwtVerifier>>), String> {
     let mut auth = Authenticator::default();
     if let Some(keys) = &config.api_keys {
         let store = SqliteStore::open(&keys.database)
             .await
             .map_err(|e| format!("auth.api_keys.database: cannot open: {e}"))?;
-        auth.api_keys = Some(ApiKeyVerifier::new(
-            Arc::new(store),
-            keys.cache_ttl,
-            keys.negative_cache_ttl,
-        ));
+        auth.api_keys = Some(
+            ApiKeyVerifier::new(Arc::new(store), keys.cache_ttl, keys.negative_cache_ttl)
+                .with_lookup_counter(metrics.key_store_lookups()),
+        );
     }
     let jwt = match &config.jwt {
         Some(settings) => Some(Arc::new(
             JwtVerifier::new(settings.clone())
                 .await
-                .map_err(|e| format!("auth.jwt: {e}"))?,
+                .map_err(|e| format!("auth.jwt: {e}"))?
+                .with_fetch_counter(metrics.jwks_fetches()),
         )),
         None => None,
     };

@@ -281,5 +281,11 @@ async fn a_rotated_signing_key_is_accepted_without_restart() {
             status(&gw, "/v1/infer/x", &token(&old, &idp, json!({}))),
             200
         );
+        // The new kid cost exactly one refetch, visible to operators.
+        let m = gw.metrics();
+        assert!(
+            m.contains(r#"portcullis_jwks_fetches_total{result="ok"} 1"#),
+            "{m}"
+        );
     });
 }

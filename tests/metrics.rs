@@ -157,3 +157,49 @@ fn the_exposition_passes_promtool() {
     // promtool also lints (e.g. counters must end in _total); it prints nothing when clean.
     assert!(report.trim().is_empty(), "promtool lint: {report}");
 }
+
+#[test]
+fn operator_counters_track_upstream_failures_and_key_store_lookups() {
+    let up = Upstream::start();
+    let dead = format!("http://127.0.0.1:{}", common::free_port());
+    let gw = Gateway::builder()
+        .service(Service::new("infer", dead))
+        .service(Service {
+            extra: "read_timeout_seconds = 1",
+            ..Service::new("embed", up.url(""))
+        })
+        .start();
+    let (key, _) = gw.create_key("infer,embed", &[]);
+    let unknown = format!("ak_00000000000000bb.{}", "c".repeat(43));
+    for (path, token) in [
+        ("/v1/infer/x", key.as_str()),
+        ("/v1/embed/hang", &key),
+        ("/v1/embed/garbage", &key),
+        ("/v1/embed/x", &key),
+        ("/v1/embed/x", &unknown),
+    ] {
+        gw.raw(format!("GET {path} HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n").as_bytes());
+    }
+    for (series, want) in [
+        (
+            r#"portcullis_upstream_errors_total{kind="refused",service="infer"}"#,
+            1.0,
+        ),
+        (
+            r#"portcullis_upstream_errors_total{kind="timeout",service="embed"}"#,
+            1.0,
+        ),
+        (
+            r#"portcullis_upstream_errors_total{kind="invalid",service="embed"}"#,
+            1.0,
+        ),
+        // One lookup for the key (then cached for the other four uses), one for the unknown id.
+        (r#"portcullis_key_store_lookups_total{result="found"}"#, 1.0),
+        (
+            r#"portcullis_key_store_lookups_total{result="unknown"}"#,
+            1.0,
+        ),
+    ] {
+        wait_for(&gw, series, want);
+    }
+}

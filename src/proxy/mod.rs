@@ -275,6 +275,9 @@ impl ProxyHttp for Gateway {
                 log::debug!("could not send error response: {write_err}");
             }
         }
+        if let Some(kind) = upstream_error_kind(e) {
+            self.metrics.upstream_error(self.service_label(ctx), kind);
+        }
         ctx.local_status = Some(error.status());
         FailToProxy {
             error_code: error.status(),
@@ -327,5 +330,17 @@ impl Gateway {
             (None, Some(200)) => "_local",
             _ => "_unknown",
         }
+    }
+}
+
+/// A bounded label for an upstream failure; `None` when the failure was not the upstream's.
+fn upstream_error_kind(e: &Error) -> Option<&'static str> {
+    use ErrorType::*;
+    match e.etype() {
+        ConnectRefused | ConnectNoRoute | ConnectError => Some("refused"),
+        ConnectTimedout => Some("timeout"),
+        ReadTimedout | WriteTimedout if e.esource() == &ErrorSource::Upstream => Some("timeout"),
+        _ if e.esource() == &ErrorSource::Upstream => Some("invalid"),
+        _ => None,
     }
 }

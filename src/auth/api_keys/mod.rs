@@ -54,6 +54,8 @@ impl Expiry<KeyId, Entry> for EntryExpiry {
 pub struct ApiKeyVerifier {
     store: Arc<dyn KeyStore>,
     cache: Cache<KeyId, Entry>,
+    /// `portcullis_key_store_lookups_total{result}`, when metrics are on.
+    lookups: Option<prometheus::IntCounterVec>,
 }
 
 /// What the gateway compares an unknown id's secret against, so that a miss costs the same.
@@ -65,7 +67,16 @@ impl ApiKeyVerifier {
             .max_capacity(100_000)
             .expire_after(EntryExpiry { positive, negative })
             .build();
-        ApiKeyVerifier { store, cache }
+        ApiKeyVerifier {
+            store,
+            cache,
+            lookups: None,
+        }
+    }
+
+    pub fn with_lookup_counter(mut self, lookups: prometheus::IntCounterVec) -> Self {
+        self.lookups = Some(lookups);
+        self
     }
 
     /// The principal the key stands for, or `None` for every kind of failure.
@@ -93,7 +104,16 @@ impl ApiKeyVerifier {
 
     /// One store lookup per id, shared by every concurrent miss for it (moka coalesces).
     async fn load(&self, key_id: KeyId) -> Result<Entry, StoreError> {
-        Ok(match self.store.find(key_id.as_str()).await? {
+        let found = self.store.find(key_id.as_str()).await;
+        if let Some(lookups) = &self.lookups {
+            let result = match &found {
+                Ok(Some(_)) => "found",
+                Ok(None) => "unknown",
+                Err(_) => "error",
+            };
+            lookups.with_label_values(&[result]).inc();
+        }
+        Ok(match found? {
             None => Entry::Unknown,
             Some(stored) => Entry::Known(Arc::new(KnownKey {
                 verifier: stored.verifier,

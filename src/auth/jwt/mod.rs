@@ -46,6 +46,8 @@ pub struct JwtVerifier {
     refetch: tokio::sync::Mutex<Option<Instant>>,
     /// Keyed by SHA-256 of the whole token: the token itself is never kept.
     cache: Cache<[u8; 32], Verified>,
+    /// `portcullis_jwks_fetches_total{result}`, when metrics are on.
+    fetches: Option<prometheus::IntCounterVec>,
 }
 
 #[derive(Clone)]
@@ -106,7 +108,23 @@ impl JwtVerifier {
                 .max_capacity(CACHE_CAPACITY)
                 .expire_after(UntilExp)
                 .build(),
+            fetches: None,
         })
+    }
+
+    pub fn with_fetch_counter(mut self, fetches: prometheus::IntCounterVec) -> Self {
+        self.fetches = Some(fetches);
+        self
+    }
+
+    /// One JWKS fetch after start-up, counted by result.
+    async fn fetch_keys(&self) -> Result<KeySet, String> {
+        let result = fetch::jwks(&self.http, &self.jwks_uri).await;
+        if let Some(fetches) = &self.fetches {
+            let label = if result.is_ok() { "ok" } else { "error" };
+            fetches.with_label_values(&[label]).inc();
+        }
+        result
     }
 
     /// The caller's principal, or None for any failure at all. The token is never logged.
@@ -144,7 +162,7 @@ impl JwtVerifier {
         loop {
             tokio::time::sleep(wait).await;
             let _one_fetch_at_a_time = self.refetch.lock().await;
-            wait = match fetch::jwks(&self.http, &self.jwks_uri).await {
+            wait = match self.fetch_keys().await {
                 Ok(set) => {
                     log::debug!("JWT: JWKS refreshed, {} signing key(s)", set.len());
                     self.install(set);
@@ -229,7 +247,7 @@ impl JwtVerifier {
             return current;
         }
         *last = Some(Instant::now());
-        match fetch::jwks(&self.http, &self.jwks_uri).await {
+        match self.fetch_keys().await {
             Ok(set) => {
                 log::info!(
                     "JWT: JWKS refetched for an unknown kid, {} key(s)",
