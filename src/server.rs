@@ -71,6 +71,13 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     for addr in &config.server.listen {
         proxy.add_tcp(addr);
     }
+    if let Some(tls) = &config.server.tls {
+        for addr in &tls.listen {
+            proxy
+                .add_tls(addr, &tls.cert_file, &tls.key_file)
+                .map_err(|e| format!("server.tls: cannot listen on {addr}: {e}"))?;
+        }
+    }
     proxy.threads = Some(config.server.threads);
     server.add_service(proxy);
 

@@ -200,3 +200,102 @@ fn a_bad_ca_file_is_refused_at_start_up() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_terminates_tls_on_its_tls_listeners() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path(), "IP:127.0.0.1");
+    let up = common::upstream::Upstream::start();
+    let tls_port = common::free_port();
+    let tls = format!(
+        "[server.tls]\nlisten = [\"127.0.0.1:{tls_port}\"]\ncert_file = \"{0}/leaf.pem\"\nkey_file = \"{0}/leaf.key\"\n",
+        certs.path().display()
+    );
+    let builder = Gateway::builder()
+        .service(Service::new("infer", up.url("")))
+        .extra(&tls);
+    let gw = tokio::task::block_in_place(|| builder.start());
+    let (key, _) = gw.create_key("infer", &[]);
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(certs.path().join("ca.pem")).unwrap())
+        .unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let base = format!("https://127.0.0.1:{tls_port}");
+    let health = client.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let resp = client
+        .get(format!("{base}/v1/infer/x?q=1"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let got = up.last();
+    assert_eq!(got.target, "/x?q=1");
+    assert_eq!(got.header("x-forwarded-proto"), Some("https"));
+    // Streams stay unbuffered through TLS: the first event long before the last is sent.
+    let started = std::time::Instant::now();
+    let mut stream = client
+        .get(format!("{base}/v1/infer/sse?n=4&gap_ms=300"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    stream.chunk().await.unwrap().unwrap();
+    let first = started.elapsed();
+    let mut rest = String::new();
+    while let Some(c) = stream.chunk().await.unwrap() {
+        rest.push_str(std::str::from_utf8(&c).unwrap());
+    }
+    assert!(rest.ends_with("data: [DONE]\n\n"));
+    assert!(
+        first + std::time::Duration::from_millis(600) < started.elapsed(),
+        "TLS buffered the stream"
+    );
+    // The plaintext listener still serves, and says so.
+    let plain = client
+        .get(gw.url("/v1/infer/x"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), 200);
+    assert_eq!(up.last().header("x-forwarded-proto"), Some("http"));
+    // A client that does not trust the CA cannot talk to it.
+    let strict = reqwest::Client::new();
+    assert!(strict.get(format!("{base}/healthz")).send().await.is_err());
+}
+
+#[test]
+fn unreadable_tls_material_is_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cert.pem"), "nope").unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = []\n[server.tls]\nlisten = [\"127.0.0.1:1\"]\n\
+             cert_file = \"{0}/cert.pem\"\nkey_file = \"{0}/missing.key\"\n\
+             [services.x]\nupstream = \"http://127.0.0.1:1\"\nscope = \"x\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(common::BIN)
+        .args(["serve", "-t", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("server.tls.cert_file") && err.contains("server.tls.key_file"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("server.listen"),
+        "TLS listeners count as listeners: {err}"
+    );
+}

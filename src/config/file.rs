@@ -28,6 +28,15 @@ pub struct Server {
     pub upgrade_sock: Option<String>,
     pub pid_file: Option<String>,
     pub max_request_body_bytes: Option<u64>,
+    pub tls: Option<Tls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    pub listen: Vec<String>,
+    pub cert_file: String,
+    pub key_file: String,
 }
 
 #[derive(Debug, Deserialize)]

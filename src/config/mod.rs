@@ -34,6 +34,16 @@ pub struct ServerSettings {
     pub upgrade_sock: String,
     pub pid_file: String,
     pub max_request_body_bytes: u64,
+    /// TLS listeners terminating HTTPS at the gateway.
+    pub tls: Option<TlsListenSettings>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsListenSettings {
+    pub listen: Vec<String>,
+    /// PEM certificate chain and private key, checked to parse at start-up.
+    pub cert_file: String,
+    pub key_file: String,
 }
 
 #[derive(Debug, Clone)]
@@ -257,8 +267,12 @@ impl Validator<'_> {
         let listen = s
             .listen
             .unwrap_or_else(|| vec!["127.0.0.1:8080".to_string()]);
-        if listen.is_empty() {
-            self.problem("server.listen", "needs at least one address");
+        let tls = s.tls.map(|t| self.tls(t));
+        if listen.is_empty() && tls.as_ref().is_none_or(|t| t.listen.is_empty()) {
+            self.problem(
+                "server.listen",
+                "needs at least one address (here or in server.tls)",
+            );
         }
         for addr in &listen {
             if addr.parse::<SocketAddr>().is_err() {
@@ -292,6 +306,7 @@ impl Validator<'_> {
                 .pid_file
                 .unwrap_or_else(|| "/tmp/portcullis.pid".to_string()),
             max_request_body_bytes,
+            tls,
         }
     }
 
@@ -347,6 +362,36 @@ impl Validator<'_> {
         AccessLogSettings {
             destination,
             buffer_lines,
+        }
+    }
+
+    fn tls(&mut self, t: file::Tls) -> TlsListenSettings {
+        for addr in &t.listen {
+            if addr.parse::<SocketAddr>().is_err() {
+                self.problem(
+                    "server.tls.listen",
+                    format!("`{addr}` is not an ip:port address"),
+                );
+            }
+        }
+        if let Err(e) = load_pem_certs(&t.cert_file) {
+            self.problem("server.tls.cert_file", e);
+        }
+        let key = std::fs::read(&t.key_file)
+            .map_err(|e| format!("cannot read `{}`: {e}", t.key_file))
+            .and_then(
+                |pem| match rustls_pemfile::private_key(&mut pem.as_slice()) {
+                    Ok(Some(_)) => Ok(()),
+                    _ => Err(format!("`{}` holds no PEM private key", t.key_file)),
+                },
+            );
+        if let Err(e) = key {
+            self.problem("server.tls.key_file", e);
+        }
+        TlsListenSettings {
+            listen: t.listen,
+            cert_file: t.cert_file,
+            key_file: t.key_file,
         }
     }
 
@@ -478,7 +523,7 @@ impl Validator<'_> {
             if upstream.as_ref().is_some_and(|u| !u.tls) {
                 self.problem(&ckey, "applies only to an https upstream");
             }
-            match load_ca_file(path) {
+            match load_pem_certs(path) {
                 Ok(certs) => Some(certs),
                 Err(e) => {
                     self.problem(&ckey, e);
@@ -512,8 +557,9 @@ impl Validator<'_> {
     }
 }
 
-/// Every certificate of a PEM bundle, each checked to parse, so a bad file fails at start-up.
-fn load_ca_file(path: &str) -> Result<Vec<Vec<u8>>, String> {
+/// Every certificate of a PEM bundle (a CA bundle or a certificate chain), each checked to
+/// parse, so a bad file fails at start-up.
+fn load_pem_certs(path: &str) -> Result<Vec<Vec<u8>>, String> {
     let pem = std::fs::read(path).map_err(|e| format!("cannot read `{path}`: {e}"))?;
     let mut certs = Vec::new();
     for item in rustls_pemfile::certs(&mut pem.as_slice()) {

@@ -38,6 +38,7 @@ pub fn to_upstream(
     req: &mut RequestHeader,
     service: &ServiceConfig,
     client_ip: Option<IpAddr>,
+    client_tls: bool,
     request_id: &str,
 ) -> pingora::Result<()> {
     for name in CLIENT_SECRETS {
@@ -51,7 +52,8 @@ pub fn to_upstream(
             req.remove_header("x-forwarded-for");
         }
     }
-    req.insert_header("x-forwarded-proto", HeaderValue::from_static("http"))?;
+    let proto = if client_tls { "https" } else { "http" };
+    req.insert_header("x-forwarded-proto", HeaderValue::from_static(proto))?;
     req.insert_header("x-request-id", request_id)?;
     for (name, value) in &service.upstream_headers {
         req.insert_header(name.clone(), value.clone())?;

@@ -223,7 +223,14 @@ impl ProxyHttp for Gateway {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
-        headers::to_upstream(upstream, service, client_ip, ctx.request_id.as_str())?;
+        let client_tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        headers::to_upstream(
+            upstream,
+            service,
+            client_ip,
+            client_tls,
+            ctx.request_id.as_str(),
+        )?;
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
