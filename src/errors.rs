@@ -13,6 +13,8 @@ pub enum GatewayError {
     NotFound,
     MethodNotAllowed,
     PayloadTooLarge,
+    /// Over a service's rate limit; the seconds until the window ends go in `Retry-After`.
+    RateLimited(u64),
     BadGateway,
     GatewayTimeout,
     Internal,
@@ -43,6 +45,7 @@ impl GatewayError {
             GatewayError::NotFound => 404,
             GatewayError::MethodNotAllowed => 405,
             GatewayError::PayloadTooLarge => 413,
+            GatewayError::RateLimited(_) => 429,
             GatewayError::BadGateway => 502,
             GatewayError::GatewayTimeout => 504,
             GatewayError::Internal => 500,
@@ -87,6 +90,9 @@ impl GatewayError {
             }
             GatewayError::PayloadTooLarge => {
                 br#"{"error":"payload_too_large","message":"request body exceeds the configured limit"}"#
+            }
+            GatewayError::RateLimited(_) => {
+                br#"{"error":"rate_limited","message":"too many requests for this service; see Retry-After"}"#
             }
             GatewayError::BadGateway => {
                 br#"{"error":"bad_gateway","message":"the upstream refused, reset or sent an invalid response"}"#
@@ -144,6 +150,7 @@ impl GatewayError {
             // Byte-identical for every failure: no error= attribute (the contract hides the reason).
             GatewayError::Unauthorized => header.insert_header("www-authenticate", "Bearer")?,
             GatewayError::MethodNotAllowed => header.insert_header("allow", ALLOWED_METHODS)?,
+            GatewayError::RateLimited(seconds) => header.insert_header("retry-after", seconds)?,
             _ => {}
         }
         write_local(session, header, body, head_only).await

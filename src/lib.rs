@@ -7,6 +7,7 @@ pub mod config;
 pub mod errors;
 pub mod metrics;
 pub mod proxy;
+pub mod rate_limit;
 pub mod routing;
 pub mod server;
 pub mod shutdown;

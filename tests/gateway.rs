@@ -498,3 +498,36 @@ async fn oversized_header_blocks_are_400() {
     let some: String = (0..40).map(|i| format!("x-h{i}: v\r\n")).collect();
     assert_eq!(gw.raw(&get("/v1/infer/x", &key, &some)).0, 200);
 }
+
+#[tokio::test]
+async fn rate_limits_apply_per_principal_and_service() {
+    let up = Upstream::start();
+    let gw = Gateway::builder()
+        .service(Service {
+            extra: "rate_limit_per_minute = 3",
+            ..Service::new("infer", up.url(""))
+        })
+        .service(Service::new("embed", up.url("")))
+        .start();
+    let (first, _) = gw.create_key("infer,embed", &[]);
+    let (second, _) = gw.create_key("infer", &[]);
+    for _ in 0..3 {
+        assert_eq!(gw.raw(&get("/v1/infer/x", &first, "")).0, 200);
+    }
+    let (status, headers, body) = gw.raw(&get("/v1/infer/x", &first, ""));
+    assert_eq!(status, 429);
+    let retry: u64 = header(&headers, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"], "rate_limited");
+    assert_eq!(
+        up.requests().len(),
+        3,
+        "a limited request reached the upstream"
+    );
+    // Another caller, and another service, are not affected.
+    assert_eq!(gw.raw(&get("/v1/infer/x", &second, "")).0, 200);
+    for _ in 0..5 {
+        assert_eq!(gw.raw(&get("/v1/embed/x", &first, "")).0, 200);
+    }
+}

@@ -91,6 +91,7 @@ pub struct Service {
     pub connect_timeout_seconds: Option<u64>,
     pub read_timeout_seconds: Option<u64>,
     pub idle_timeout_seconds: Option<u64>,
+    pub rate_limit_per_minute: Option<u32>,
     /// PEM bundle of CAs trusted for this https upstream instead of the platform roots.
     pub ca_file: Option<String>,
     #[serde(default)]

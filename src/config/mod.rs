@@ -103,6 +103,8 @@ pub struct ServiceConfig {
     pub idle_timeout: Duration,
     /// Set on every upstream request, values already expanded; marked sensitive so they never print.
     pub upstream_headers: Vec<(HeaderName, HeaderValue)>,
+    /// Requests per principal per minute, per process; `None` for no limit.
+    pub rate_limit_per_minute: Option<u32>,
     /// DER certificates from `ca_file`: the only roots trusted for this upstream when set.
     pub ca_certs: Option<Vec<Vec<u8>>>,
 }
@@ -531,6 +533,12 @@ impl Validator<'_> {
                 }
             }
         });
+        if s.rate_limit_per_minute == Some(0) {
+            self.problem(
+                &format!("{key}.rate_limit_per_minute"),
+                "must be at least 1 (omit it for no limit)",
+            );
+        }
         let seconds = |v: Option<u64>, default: u64| Duration::from_secs(v.unwrap_or(default));
         let connect_timeout = seconds(s.connect_timeout_seconds, 3);
         let read_timeout = seconds(s.read_timeout_seconds, 300);
@@ -552,6 +560,7 @@ impl Validator<'_> {
             read_timeout,
             idle_timeout,
             upstream_headers,
+            rate_limit_per_minute: s.rate_limit_per_minute,
             ca_certs,
         })
     }

@@ -23,11 +23,14 @@ use crate::auth::Authenticator;
 use crate::config::{Config, ServiceConfig};
 use crate::errors::{write_local, GatewayError, Malformed};
 use crate::metrics::Metrics;
+use crate::rate_limit::Limiter;
 use crate::routing::{self, Target};
 
 pub struct Gateway {
     services: Vec<ServiceConfig>,
     peers: Vec<HttpPeer>,
+    /// Per service, parallel to `services`.
+    limits: Vec<Option<Limiter>>,
     max_body: u64,
     auth: Authenticator,
     metrics: Arc<Metrics>,
@@ -50,6 +53,11 @@ impl Gateway {
     ) -> Gateway {
         Gateway {
             peers: config.services.iter().map(upstream::peer_for).collect(),
+            limits: config
+                .services
+                .iter()
+                .map(|s| s.rate_limit_per_minute.map(Limiter::per_minute))
+                .collect(),
             services: config.services.clone(),
             max_body: config.server.max_request_body_bytes,
             auth,
@@ -97,6 +105,11 @@ impl Gateway {
         // 4. Authorise.
         if !principal.has_scope(&self.services[route].scope) {
             return Decision::Reject(GatewayError::Forbidden);
+        }
+        if let Some(limiter) = &self.limits[route] {
+            if let Err(retry_after) = limiter.check(&principal) {
+                return Decision::Reject(GatewayError::RateLimited(retry_after));
+            }
         }
         // A declared body over the limit is refused before a byte of it is read.
         if let Some(declared) = req.headers.get(http::header::CONTENT_LENGTH) {
