@@ -31,8 +31,11 @@ test: test-deps
 	$(CARGO) test --bench auth
 	scripts/sdk-tests.sh
 
+# Criterion micro-benchmarks of authentication, then the load benchmark on loopback against
+# the upstream direct and nginx (scripts/loadbench.sh installs wrk and nginx when missing).
 bench: deps
-	$(CARGO) bench
+	$(CARGO) bench --bench auth
+	scripts/loadbench.sh
 
 fmt:
 	$(CARGO) fmt --all

@@ -1,0 +1,189 @@
+//! A fast upstream for the load benchmark (`scripts/loadbench.sh`): hand-written HTTP/1.1 with
+//! keep-alive on one tokio thread, so the proxy in front of it, not the upstream, is measured.
+//!
+//! - a path ending in `/sse` answers a chunked `text/event-stream`: one event at once, then one
+//!   every `--tick-ms`; `?ticks=N` ends the stream after N more events (the connection stays
+//!   alive), without it the stream stays open until the client goes away or `--max-stream-s`;
+//! - any other request gets a small chat-completion JSON with a Content-Length.
+//!
+//! Usage: `fast_upstream [--port P] [--tick-ms MS] [--max-stream-s S] [--max-life-s S]`.
+//! Binds 127.0.0.1 only; prints `listening 127.0.0.1:<port>` once ready.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+const CHAT: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}"#;
+const EVENT: &str = "data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"bench\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tick\"},\"finish_reason\":null}]}\n\n";
+const SSE_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n";
+const MAX_HEAD: usize = 16 * 1024;
+const MAX_BODY: usize = 1024 * 1024;
+
+struct Opts {
+    port: u16,
+    tick: Duration,
+    max_stream: Duration,
+    max_life: Duration,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts {
+        port: 0,
+        tick: Duration::from_millis(5000),
+        max_stream: Duration::from_secs(900),
+        max_life: Duration::from_secs(3600),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        let n: u64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("{flag}: not a number"));
+        match flag.as_str() {
+            "--port" => o.port = n as u16,
+            "--tick-ms" => o.tick = Duration::from_millis(n),
+            "--max-stream-s" => o.max_stream = Duration::from_secs(n),
+            "--max-life-s" => o.max_life = Duration::from_secs(n),
+            _ => panic!("unknown flag {flag}"),
+        }
+    }
+    o
+}
+
+fn chunk(payload: &str) -> Vec<u8> {
+    format!("{:x}\r\n{payload}\r\n", payload.len()).into_bytes()
+}
+
+fn main() {
+    let o = opts();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket
+            .bind(([127, 0, 0, 1], o.port).into())
+            .expect("bind 127.0.0.1");
+        // A deep backlog: the streams test opens thousands of connections in bursts.
+        let listener = socket.listen(8192).unwrap();
+        println!("listening {}", listener.local_addr().unwrap());
+        let serve = async {
+            loop {
+                let Ok((sock, _)) = listener.accept().await else {
+                    continue;
+                };
+                let _ = sock.set_nodelay(true);
+                tokio::spawn(connection(sock, o.tick, o.max_stream));
+            }
+        };
+        // Bounded: the script kills it, but a forgotten one still goes away.
+        let _ = tokio::time::timeout(o.max_life, serve).await;
+    });
+}
+
+async fn connection(mut sock: TcpStream, tick: Duration, max_stream: Duration) {
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut out: Vec<u8> = Vec::with_capacity(4096);
+    let chat_response = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{CHAT}",
+        CHAT.len()
+    );
+    loop {
+        // Parse every complete request already buffered (pipelining), answer them at once.
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            let mut req = httparse::Request::new(&mut headers);
+            let head_len = match req.parse(&buf) {
+                Ok(httparse::Status::Complete(n)) => n,
+                Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => break,
+                _ => return,
+            };
+            let body_len = req
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                .and_then(|h| {
+                    std::str::from_utf8(h.value)
+                        .ok()?
+                        .trim()
+                        .parse::<usize>()
+                        .ok()
+                })
+                .unwrap_or(0);
+            if body_len > MAX_BODY {
+                return;
+            }
+            if buf.len() < head_len + body_len {
+                break;
+            }
+            let path = req.path.unwrap_or("/");
+            let (route, query) = path.split_once('?').unwrap_or((path, ""));
+            if route.ends_with("/sse") {
+                let ticks = query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("ticks="))
+                    .and_then(|v| v.parse::<u64>().ok());
+                buf.drain(..head_len + body_len);
+                if sock.write_all(&out).await.is_err() {
+                    return;
+                }
+                out.clear();
+                if !stream(&mut sock, ticks, tick, max_stream).await {
+                    return;
+                }
+                continue;
+            }
+            out.extend_from_slice(chat_response.as_bytes());
+            buf.drain(..head_len + body_len);
+        }
+        if !out.is_empty() {
+            if sock.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        let mut chunk_buf = [0u8; 8192];
+        match sock.read(&mut chunk_buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk_buf[..n]),
+        }
+    }
+}
+
+/// Writes one SSE response. True when it ended cleanly and the connection can be reused.
+async fn stream(sock: &mut TcpStream, ticks: Option<u64>, tick: Duration, max: Duration) -> bool {
+    let event = chunk(EVENT);
+    let mut first = SSE_HEAD.as_bytes().to_vec();
+    first.extend_from_slice(&event);
+    if sock.write_all(&first).await.is_err() {
+        return false;
+    }
+    match ticks {
+        Some(n) => {
+            // A short stream, ticks back to back: for response-head latency on reused connections.
+            for _ in 0..n {
+                if sock.write_all(&event).await.is_err() {
+                    return false;
+                }
+            }
+            let mut end = chunk("data: [DONE]\n\n");
+            end.extend_from_slice(b"0\r\n\r\n");
+            sock.write_all(&end).await.is_ok()
+        }
+        None => {
+            // Held open with a slow tick; a write error means the client (or proxy) went away.
+            let deadline = tokio::time::Instant::now() + max;
+            while tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(tick).await;
+                if sock.write_all(&event).await.is_err() {
+                    return false;
+                }
+            }
+            false
+        }
+    }
+}

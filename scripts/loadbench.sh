@@ -1,0 +1,410 @@
+#!/usr/bin/env bash
+# Load benchmark (`make bench`): Portcullis against the same upstream hit directly and behind
+# nginx with a static bearer check, all on loopback, in one invocation.
+#
+# Placement: the proxy under test (Portcullis or nginx) runs alone on core 0 (taskset -c 0);
+# the load generator and the fast upstream share core 1. "direct" is the same client and
+# upstream with no proxy: the ceiling this machine's other core can drive.
+#
+# Reports a markdown table (stdout and bench-results/latest.md; raw rounds in
+# bench-results/latest-raw.txt). Knobs (environment): ROUNDS (5), SECONDS_PER_RUN (5),
+# CONNS (wrk connections, 64), RATE (fixed-rate test, 2000 req/s), RATE_SECONDS (5),
+# SSE_COUNT (2000), STREAMS (10000; capped by the open-file hard limit), STREAM_ROUNDS (3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+ROUNDS=${ROUNDS:-5}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
+CONNS=${CONNS:-64}
+RATE=${RATE:-2000}
+RATE_SECONDS=${RATE_SECONDS:-5}
+RATE_ROUNDS=${RATE_ROUNDS:-3}
+SSE_COUNT=${SSE_COUNT:-2000}
+SSE_ROUNDS=${SSE_ROUNDS:-3}
+STREAMS=${STREAMS:-10000}
+STREAM_ROUNDS=${STREAM_ROUNDS:-3}
+PROXY_CPU=0
+CLIENT_CPU=1
+
+SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+BEGIN=$(date +%s)
+LOAD_AT_START=$(cut -d" " -f1-3 /proc/loadavg)
+log() { printf '[loadbench %3ds] %s\n' "$(($(date +%s) - BEGIN))" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ---- tools ---------------------------------------------------------------------------------
+missing=()
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]} with apt-get"
+    $SUDO apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+command -v taskset >/dev/null || die "taskset (util-linux) is needed"
+[ "$(nproc)" -ge 2 ] || die "needs two cores: the proxy on one, the load on the other"
+
+log "building (cargo build --release; the load tools as release examples)"
+cargo build --release --quiet
+cargo build --release --quiet --examples
+BIN=$ROOT/target/release/portcullis
+EX=$ROOT/target/release/examples
+
+# ---- processes, all killed on exit ---------------------------------------------------------
+WORK=$(mktemp -d /tmp/portcullis-bench.XXXXXX)
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
+    sleep 0.3
+    for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    [ -n "${KEEP_WORK:-}" ] && log "kept $WORK" || rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+FD_LIMIT=$(ulimit -n)
+# Each stream through the gateway holds two sockets (client side and upstream side).
+MAX_STREAMS=$(((FD_LIMIT - 100) / 2))
+[ "$STREAMS" -le "$MAX_STREAMS" ] || { log "open-file limit $FD_LIMIT: $MAX_STREAMS streams, not $STREAMS"; STREAMS=$MAX_STREAMS; }
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_http() { # url: until it answers at all, at most 20 s
+    local i
+    for i in $(seq 1 200); do
+        curl -s -o /dev/null --max-time 1 "$1" && return 0
+        sleep 0.1
+    done
+    die "nothing answers at $1"
+}
+
+# first line of a file matching a prefix, waiting for it (at most 20 s)
+wait_line() {
+    local i line
+    for i in $(seq 1 200); do
+        line=$(grep -m1 "^$2" "$1" 2>/dev/null || true)
+        [ -n "$line" ] && { echo "${line#"$2" }"; return 0; }
+        sleep 0.1
+    done
+    die "no '$2' line in $1: $(cat "$1")"
+}
+
+UP_PORT=$(free_port)
+taskset -c $CLIENT_CPU "$EX/fast_upstream" --port "$UP_PORT" --tick-ms 5000 --max-life-s 1800 >"$WORK/upstream.log" 2>&1 &
+PIDS+=($!)
+UP_PID=$!
+wait_line "$WORK/upstream.log" listening >/dev/null
+
+taskset -c $CLIENT_CPU "$EX/bench_idp" --max-life-s 1800 >"$WORK/idp.log" 2>&1 &
+PIDS+=($!)
+ISSUER=$(wait_line "$WORK/idp.log" issuer)
+JWT=$(wait_line "$WORK/idp.log" token)
+
+# ---- the gateway ---------------------------------------------------------------------------
+GW_PORT=$(free_port)
+write_gateway_config() { # $1: with an [access_log] off section (1) or without (0)
+    {
+        cat <<EOF
+[server]
+listen = ["127.0.0.1:$GW_PORT"]
+threads = 1
+grace_period_seconds = 1
+graceful_shutdown_timeout_seconds = 1
+upgrade_sock = "$WORK/upgrade.sock"
+pid_file = "$WORK/portcullis.pid"
+EOF
+        [ "$1" = 1 ] && printf '[access_log]\ndestination = "off"\n'
+        cat <<EOF
+[auth.api_keys]
+database = "sqlite://$WORK/keys.db"
+[auth.jwt]
+issuer = "$ISSUER"
+audience = "portcullis"
+algorithms = ["RS256"]
+[services.infer]
+upstream = "http://127.0.0.1:$UP_PORT"
+scope = "infer"
+EOF
+    } >"$WORK/portcullis.toml"
+}
+ACCESS_LOG="off"
+write_gateway_config 1
+if ! "$BIN" serve --config "$WORK/portcullis.toml" -t >/dev/null 2>&1; then
+    ACCESS_LOG="not switchable in this build (stdout to /dev/null)"
+    write_gateway_config 0
+    "$BIN" serve --config "$WORK/portcullis.toml" -t >/dev/null || die "generated gateway config refused"
+fi
+KEY=$("$BIN" keys create --config "$WORK/portcullis.toml" --name bench --scopes infer | tail -n 1)
+case $KEY in ak_*) ;; *) die "keys create printed no key" ;; esac
+
+GW_PID=
+start_gateway() {
+    RUST_LOG=warn taskset -c $PROXY_CPU "$BIN" serve --config "$WORK/portcullis.toml" >/dev/null 2>>"$WORK/gateway.log" &
+    GW_PID=$!
+    PIDS+=("$GW_PID")
+    wait_http "http://127.0.0.1:$GW_PORT/healthz"
+}
+stop_gateway() {
+    kill -INT "$GW_PID" 2>/dev/null || true
+    local i p keep=()
+    for i in $(seq 1 50); do kill -0 "$GW_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$GW_PID" 2>/dev/null || true
+    wait "$GW_PID" 2>/dev/null || true
+    # Forget it, so that the exit trap never signals a pid the system may have reused.
+    for p in "${PIDS[@]}"; do [ "$p" = "$GW_PID" ] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
+status_kb() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status"; }
+
+# ---- nginx: a plain reverse proxy with a static bearer check ------------------------------
+NGX_PORT=$(free_port)
+mkdir -p "$WORK/nginx/tmp"
+cat >"$WORK/nginx/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+worker_rlimit_nofile $FD_LIMIT;
+events { worker_connections 16384; }
+http {
+    access_log off;
+    client_body_temp_path $WORK/nginx/tmp/body;
+    proxy_temp_path $WORK/nginx/tmp/proxy;
+    fastcgi_temp_path $WORK/nginx/tmp/fastcgi;
+    uwsgi_temp_path $WORK/nginx/tmp/uwsgi;
+    scgi_temp_path $WORK/nginx/tmp/scgi;
+    keepalive_requests 1000000;
+    map_hash_bucket_size 128;  # the key is longer than the default bucket
+    upstream fast {
+        server 127.0.0.1:$UP_PORT;
+        keepalive 128;
+        keepalive_requests 1000000;
+    }
+    map \$http_authorization \$ok {
+        "Bearer $KEY" 1;
+        default 0;
+    }
+    server {
+        listen 127.0.0.1:$NGX_PORT;
+        location /v1/infer/ {
+            if (\$ok = 0) { return 401; }
+            proxy_pass http://fast/;
+            proxy_http_version 1.1;
+            # What the gateway does too: no client credential upstream, forwarding headers,
+            # a request id both ways, no upstream cookies, and no response buffering (SSE).
+            proxy_set_header Connection "";
+            proxy_set_header Authorization "";
+            proxy_set_header Cookie "";
+            proxy_set_header X-Forwarded-For \$remote_addr;
+            proxy_set_header X-Forwarded-Proto http;
+            proxy_set_header X-Request-Id \$request_id;
+            proxy_hide_header Set-Cookie;
+            add_header X-Request-Id \$request_id always;
+            proxy_buffering off;
+        }
+    }
+}
+EOF
+"$NGINX" -t -q -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" ||
+    die "nginx refused its config: $(cat "$WORK/nginx/error.log")"
+taskset -c $PROXY_CPU "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" >/dev/null 2>&1 &
+NGX_PID=$!
+PIDS+=("$NGX_PID")
+wait_http "http://127.0.0.1:$NGX_PORT/"
+
+start_gateway
+sleep 1
+IDLE_RSS=$(status_kb "$GW_PID" VmRSS)
+IDLE_HWM=$(status_kb "$GW_PID" VmHWM)
+
+# ---- targets -------------------------------------------------------------------------------
+CHAT_BODY='{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
+url() { # target → base URL of the chat endpoint
+    case $1 in
+        direct) echo "http://127.0.0.1:$UP_PORT/v1" ;;
+        nginx) echo "http://127.0.0.1:$NGX_PORT/v1/infer/v1" ;;
+        key | jwt) echo "http://127.0.0.1:$GW_PORT/v1/infer/v1" ;;
+    esac
+}
+port() { case $1 in direct) echo "$UP_PORT" ;; nginx) echo "$NGX_PORT" ;; *) echo "$GW_PORT" ;; esac; }
+token() { case $1 in jwt) echo "$JWT" ;; *) echo "$KEY" ;; esac; }
+path() { local u; u=$(url "$1"); echo "/${u#http://*/}"; }
+# The process doing the proxying, for CPU per request: nginx's worker, the gateway, the upstream.
+server_pid() {
+    case $1 in
+        direct) echo "$UP_PID" ;;
+        nginx) pgrep -P "$NGX_PID" | head -n 1 ;;
+        *) echo "$GW_PID" ;;
+    esac
+}
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# Every response must be a 200: a proxy answering 401s fast would win otherwise.
+for t in direct nginx key jwt; do
+    code=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $(token $t)" \
+        -H 'content-type: application/json' -d "$CHAT_BODY" "$(url $t)/chat/completions")
+    [ "$code" = 200 ] || die "$t: chat request answered $code"
+done
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer nope" -d "$CHAT_BODY" "$(url nginx)/chat/completions")
+[ "$code" = 401 ] || die "nginx static bearer check does not refuse a wrong token ($code)"
+
+cat >"$WORK/post.lua" <<EOF
+wrk.method = "POST"
+wrk.body = '$CHAT_BODY'
+wrk.headers["Content-Type"] = "application/json"
+EOF
+
+RAW=$WORK/raw.txt
+: >"$RAW"
+record() { echo "$*" >>"$RAW"; }
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+values() { awk -v k="$1" '$1 == k { print $2 }' "$RAW"; }
+
+run_wrk() { # target seconds → "rps cpu_us_per_request"
+    local t=$1 secs=$2 pid before after out rps non2xx
+    pid=$(server_pid "$t")
+    before=$(cpu_ticks "$pid")
+    out=$(taskset -c $CLIENT_CPU wrk -t1 -c"$CONNS" -d"${secs}s" -s "$WORK/post.lua" \
+        -H "Authorization: Bearer $(token "$t")" "$(url "$t")/chat/completions")
+    after=$(cpu_ticks "$pid")
+    non2xx=$(echo "$out" | awk '/Non-2xx/ { print $NF }')
+    [ -z "$non2xx" ] || die "$t: $non2xx non-2xx responses under load"
+    echo "$out" | grep -q 'Socket errors' && log "$t: $(echo "$out" | grep 'Socket errors')"
+    rps=$(echo "$out" | awk '/^Requests\/sec/ { print $2 }')
+    awk -v r="$rps" -v s="$secs" -v c="$((after - before))" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN { printf "%.0f %.2f\n", r, (c / hz) * 1e6 / (r * s) }'
+}
+
+log "warming up (each target, 2 s)"
+for t in direct nginx key jwt; do run_wrk "$t" 2 >/dev/null; done
+
+log "max throughput: $ROUNDS rounds x ${SECONDS_PER_RUN}s per target, wrk -t1 -c$CONNS"
+for r in $(seq 1 "$ROUNDS"); do
+    for t in direct nginx key jwt; do
+        out=$(run_wrk "$t" "$SECONDS_PER_RUN")
+        read -r rps cpu <<<"$out"
+        record "rps_$t $rps"
+        record "cpu_$t $cpu"
+    done
+    log "round $r: $(awk -v r="$r" '/^rps_/ { a[$1] = $2 } END { for (k in a) printf "%s=%s ", k, a[k] }' "$RAW")"
+done
+
+log "latency at $RATE req/s: $RATE_ROUNDS rounds x ${RATE_SECONDS}s per target (loadgen rate, 16 connections)"
+for r in $(seq 1 "$RATE_ROUNDS"); do
+    for t in direct nginx key jwt; do
+        out=$(taskset -c $CLIENT_CPU "$EX/loadgen" rate --addr "127.0.0.1:$(port "$t")" \
+            --method POST --path "$(path "$t")/chat/completions" --body "$CHAT_BODY" \
+            --header "authorization: Bearer $(token "$t")" --header "content-type: application/json" \
+            --rate "$RATE" --conns 16 --seconds "$RATE_SECONDS" --warmup-s 1)
+        set -- $out
+        declare -A f=()
+        while [ $# -ge 2 ]; do f[$1]=$2; shift 2; done
+        [ "${f[errors]}" = 0 ] || die "$t: ${f[errors]} failed requests at $RATE req/s"
+        record "p50_$t ${f[p50]}"
+        record "p99_$t ${f[p99]}"
+        record "lag_$t ${f[lag_p99]}"
+        unset f
+    done
+done
+
+log "SSE response head: $SSE_ROUNDS rounds x $SSE_COUNT sequential streams per target"
+for r in $(seq 1 "$SSE_ROUNDS"); do
+    for t in direct nginx key; do
+        out=$(taskset -c $CLIENT_CPU "$EX/loadgen" sse-head --addr "127.0.0.1:$(port "$t")" \
+            --method POST --path "$(path "$t")/sse?ticks=3" --body "$CHAT_BODY" \
+            --header "authorization: Bearer $(token "$t")" --header "content-type: application/json" \
+            --count "$SSE_COUNT" --warmup 200)
+        record "ssehead_$t $(echo "$out" | awk '{ for (i = 1; i < NF; i++) if ($i == "p50") print $(i + 1) }')"
+    done
+done
+
+LOADED_RSS=$(status_kb "$GW_PID" VmRSS)
+LOADED_HWM=$(status_kb "$GW_PID" VmHWM)
+stop_gateway
+
+log "open streams: $STREAM_ROUNDS rounds of $STREAMS held SSE streams, each on a fresh gateway"
+for r in $(seq 1 "$STREAM_ROUNDS"); do
+    start_gateway
+    sleep 1
+    record "idle_rss $(status_kb "$GW_PID" VmRSS)"
+    record "idle_hwm $(status_kb "$GW_PID" VmHWM)"
+    out=$(taskset -c $CLIENT_CPU "$EX/loadgen" streams --addr "127.0.0.1:$GW_PORT" \
+        --method POST --path "/v1/infer/v1/sse" --body "$CHAT_BODY" \
+        --header "authorization: Bearer $KEY" --header "content-type: application/json" \
+        --count "$STREAMS" --pid "$GW_PID" --hold-s 2)
+    set -- $out
+    declare -A f=()
+    while [ $# -ge 2 ]; do f[$1]=$2; shift 2; done
+    [ "${f[failed]}" = 0 ] || log "round $r: ${f[failed]} of $STREAMS streams failed to open"
+    record "streams_open ${f[opened]}"
+    record "streams_rss ${f[rss_kb]}"
+    record "streams_hwm ${f[hwm_kb]}"
+    record "streams_open_s ${f[open_s]}"
+    unset f
+    stop_gateway
+    sleep 1
+done
+
+# ---- report --------------------------------------------------------------------------------
+m() { values "$1" | median; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
+mb() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
+int() { awk -v v="$1" 'BEGIN { printf "%.0f", v }'; }
+ok() { if awk "BEGIN { exit !($1) }"; then echo met; else echo "**missed**"; fi; }
+
+D=$(m rps_direct) N=$(m rps_nginx) K=$(m rps_key) J=$(m rps_jwt)
+SH=$(m ssehead_key)
+IH=$(m idle_hwm) SR=$(m streams_hwm) SO=$(m streams_open)
+# Per-stream cost from the measured count, scaled to 10,000 when the fd limit forced fewer.
+S10K=$(awk -v s="$SR" -v i="$IH" -v n="$SO" 'BEGIN { if (n > 0) printf "%.0f", i + (s - i) * 10000 / n; else print 0 }')
+ELAPSED=$(($(date +%s) - BEGIN))
+OUT=$ROOT/bench-results
+mkdir -p "$OUT"
+{
+    echo "Portcullis load benchmark, $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo '+dirty'),"
+    echo "$(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), Linux $(uname -r), load average at start $LOAD_AT_START."
+    echo "Proxy under test on core $PROXY_CPU; wrk/loadgen and the upstream on core $CLIENT_CPU. Medians of"
+    echo "$ROUNDS rounds (throughput), $RATE_ROUNDS (fixed rate), $SSE_ROUNDS (SSE head), $STREAM_ROUNDS (RSS)."
+    echo
+    echo "| measure | direct | nginx (static key) | Portcullis | ÷ direct | ÷ nginx | target | |"
+    echo "|---|---:|---:|---:|---:|---:|---|---|"
+    echo "| max req/s, chat POST, API key | $(int "$D") | $(int "$N") | $(int "$K") | $(ratio "$K" "$D") | $(ratio "$K" "$N") | ≥ 0.6× direct, ≥ 1.0× nginx | $(ok "$K >= 0.6 * $D") / $(ok "$K >= $N") |"
+    echo "| max req/s, chat POST, JWT (RS256) | | | $(int "$J") | $(ratio "$J" "$D") | $(ratio "$J" "$N") | ≥ 0.9× API key ($(ratio "$J" "$K")×) | $(ok "$J >= 0.9 * $K") |"
+    echo "| proxy CPU per request, API key (µs) | $(m cpu_direct) | $(m cpu_nginx) | $(m cpu_key) | $(ratio "$(m cpu_key)" "$(m cpu_direct)") | $(ratio "$(m cpu_key)" "$(m cpu_nginx)") | | |"
+    echo "| proxy CPU per request, JWT (µs) | | | $(m cpu_jwt) | $(ratio "$(m cpu_jwt)" "$(m cpu_direct)") | $(ratio "$(m cpu_jwt)" "$(m cpu_nginx)") | | |"
+    echo "| p50 at $RATE req/s, API key (ms) | $(ms "$(m p50_direct)") | $(ms "$(m p50_nginx)") | $(ms "$(m p50_key)") | $(ratio "$(m p50_key)" "$(m p50_direct)") | $(ratio "$(m p50_key)" "$(m p50_nginx)") | | |"
+    echo "| p99 at $RATE req/s, API key (ms) | $(ms "$(m p99_direct)") | $(ms "$(m p99_nginx)") | $(ms "$(m p99_key)") | $(ratio "$(m p99_key)" "$(m p99_direct)") | $(ratio "$(m p99_key)" "$(m p99_nginx)") | | |"
+    echo "| p50 / p99 at $RATE req/s, JWT (ms) | | | $(ms "$(m p50_jwt)") / $(ms "$(m p99_jwt)") | | | | |"
+    echo "| SSE response head p50 (ms) | $(ms "$(m ssehead_direct)") | $(ms "$(m ssehead_nginx)") | $(ms "$SH") | $(ratio "$SH" "$(m ssehead_direct)") | $(ratio "$SH" "$(m ssehead_nginx)") | ≤ 0.2 ms | $(ok "$SH <= 200") |"
+    echo "| gateway peak RSS idle (MB) | | | $(mb "$IH") | | | ≤ 30 MB | $(ok "$IH <= 30 * 1024") |"
+    if [ "$SO" -ge 10000 ] 2>/dev/null; then
+        echo "| gateway peak RSS, 10,000 open SSE streams (MB) | | | $(mb "$SR") | | | ≤ 150 MB | $(ok "$SR <= 150 * 1024") |"
+    else
+        echo "| gateway peak RSS, $SO open SSE streams (MB) | | | $(mb "$SR") | | | | |"
+        echo "| … scaled to 10,000 streams (MB) | | | $(mb "$S10K") | | | ≤ 150 MB | $(ok "$S10K <= 150 * 1024") |"
+    fi
+    echo
+    echo "Ratios are Portcullis ÷ the column: above 1 is better for req/s, worse for CPU and latency."
+    echo
+    echo "Method: max req/s is wrk 4.1 (\`-t1 -c$CONNS\`, ${SECONDS_PER_RUN} s runs, after a warm-up), POST of a"
+    echo "${#CHAT_BODY}-byte chat body answered by a ~300-byte JSON; every response checked to be 200. Proxy CPU"
+    echo "is the proxy process's user+system time over the run divided by its requests (direct: the"
+    echo "upstream's). p50/p99 come from \`loadgen rate\` (benches/load/loadgen.rs): 16 kept-alive connections"
+    echo "on an open-loop schedule totalling $RATE req/s for ${RATE_SECONDS} s after 1 s of warm-up, each latency from"
+    echo "the request's write to the response's last byte. SSE head: sequential streaming requests on one"
+    echo "kept-alive connection, time from the write to the complete response head, $SSE_COUNT per round."
+    echo "RSS: VmHWM from /proc of a fresh gateway 1 s after start (idle), and with all streams open"
+    echo "(each held by the upstream, one event every 5 s), $STREAMS requested per round."
+    echo "Gateway: \`threads = 1\`, access log $ACCESS_LOG, RUST_LOG=warn; nginx 1.22:"
+    echo "\`worker_processes 1\`, upstream keepalive 128, access_log off, proxy_buffering off."
+    [ "$FD_LIMIT" -ge 20200 ] || echo "Open-file hard limit here: $FD_LIMIT (two sockets per proxied stream)."
+    echo "Gateway RSS after the load rounds: $(mb "$LOADED_RSS") MB (peak $(mb "$LOADED_HWM") MB). Whole run: ${ELAPSED} s."
+} >"$OUT/latest.md"
+cp "$RAW" "$OUT/latest-raw.txt"
+cat "$OUT/latest.md"
