@@ -39,7 +39,10 @@ pub struct Gateway {
 
 /// What `request_filter` decided, taken out of the borrowed request before acting on it.
 enum Decision {
-    Proxy { route: usize, forward_from: usize },
+    /// `ctx.route` is set by then; the forwarded part starts at `forward_from`.
+    Proxy {
+        forward_from: usize,
+    },
     Health,
     Reject(GatewayError),
 }
@@ -85,7 +88,9 @@ impl Gateway {
         let principal = match self.auth.authenticate(&req.headers).await {
             Ok(p) => p,
             Err(failure) => {
-                log::info!(
+                // Debug only: stderr logging is synchronous, and a flood of bad tokens must not
+                // turn into blocking writes. The access log and the metric carry the reason.
+                log::debug!(
                     "request {} unauthorized: {}",
                     ctx.request_id.as_str(),
                     failure.as_str()
@@ -124,7 +129,6 @@ impl Gateway {
             }
         }
         Decision::Proxy {
-            route,
             forward_from: req.raw_path().len() - forward.len(),
         }
     }
@@ -171,19 +175,12 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.start = Instant::now();
-        ctx.request_id = RequestId::from_client_or_new(
-            session
-                .req_header()
-                .headers
-                .get("x-request-id")
-                .map(|v| v.as_bytes()),
-        );
+        // new_ctx already drew a random id; the client's replaces it only if it sent one.
+        if let Some(client_id) = session.req_header().headers.get("x-request-id") {
+            ctx.request_id = RequestId::from_client_or_new(Some(client_id.as_bytes()));
+        }
         match self.decide(session, ctx).await {
-            Decision::Proxy {
-                route,
-                forward_from,
-            } => {
-                ctx.route = Some(route);
+            Decision::Proxy { forward_from } => {
                 ctx.forward_from = forward_from;
                 Ok(false)
             }
