@@ -368,14 +368,7 @@ async fn healthz_answers_locally_without_auth_or_upstream() {
 #[tokio::test]
 async fn upstream_failures_are_json_502_and_504() {
     let up = Upstream::start();
-    let dead = format!("http://127.0.0.1:{}", common::free_port());
-    let gw = Gateway::builder()
-        .service(Service::new("infer", dead))
-        .service(Service {
-            extra: "read_timeout_seconds = 1",
-            ..Service::new("embed", up.url(""))
-        })
-        .start();
+    let gw = common::failing_gateway(&up);
     let (key, _) = gw.create_key("infer,embed", &[]);
     let cases = [
         ("/v1/infer/v1/models", 502, "bad_gateway"),

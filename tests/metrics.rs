@@ -161,14 +161,7 @@ fn the_exposition_passes_promtool() {
 #[test]
 fn operator_counters_track_upstream_failures_and_key_store_lookups() {
     let up = Upstream::start();
-    let dead = format!("http://127.0.0.1:{}", common::free_port());
-    let gw = Gateway::builder()
-        .service(Service::new("infer", dead))
-        .service(Service {
-            extra: "read_timeout_seconds = 1",
-            ..Service::new("embed", up.url(""))
-        })
-        .start();
+    let gw = common::failing_gateway(&up);
     let (key, _) = gw.create_key("infer,embed", &[]);
     let unknown = format!("ak_00000000000000bb.{}", "c".repeat(43));
     for (path, token) in [

@@ -178,23 +178,15 @@ fn https_upstreams_are_verified_against_the_host_name() {
 fn a_bad_ca_file_is_refused_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("junk.pem"), "not a certificate").unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let (ok, err) = common::check_config(
+        dir.path(),
+        &format!(
             "[services.x]\nupstream = \"https://127.0.0.1:1\"\nscope = \"x\"\nca_file = \"{0}/junk.pem\"\n\
              [services.y]\nupstream = \"https://127.0.0.1:1\"\nscope = \"y\"\nca_file = \"{0}/missing.pem\"\n",
             dir.path().display()
         ),
-    )
-    .unwrap();
-    let out = Command::new(common::BIN)
-        .args(["serve", "-t", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
+    assert!(!ok);
     assert!(
         err.contains("services.x.ca_file") && err.contains("services.y.ca_file"),
         "{err}"
@@ -272,24 +264,16 @@ async fn the_gateway_terminates_tls_on_its_tls_listeners() {
 fn unreadable_tls_material_is_refused_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("cert.pem"), "nope").unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let (ok, err) = common::check_config(
+        dir.path(),
+        &format!(
             "[server]\nlisten = []\n[server.tls]\nlisten = [\"127.0.0.1:1\"]\n\
              cert_file = \"{0}/cert.pem\"\nkey_file = \"{0}/missing.key\"\n\
              [services.x]\nupstream = \"http://127.0.0.1:1\"\nscope = \"x\"\n",
             dir.path().display()
         ),
-    )
-    .unwrap();
-    let out = Command::new(common::BIN)
-        .args(["serve", "-t", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
+    assert!(!ok);
     assert!(
         err.contains("server.tls.cert_file") && err.contains("server.tls.key_file"),
         "{err}"

@@ -385,6 +385,34 @@ pub fn read_response(s: &mut TcpStream) -> std::io::Result<Option<RawResponse>> 
     })
 }
 
+/// Writes `toml` to `dir/c.toml` and runs `serve -t` on it: (succeeded, stderr).
+pub fn check_config(dir: &Path, toml: &str) -> (bool, String) {
+    let config = dir.join("c.toml");
+    std::fs::write(&config, toml).unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "-t", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A gateway whose `infer` upstream refuses connections and whose `embed` upstream is `up`
+/// with a one-second read timeout: the shapes of 502 and 504.
+pub fn failing_gateway(up: &upstream::Upstream) -> Gateway {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    Gateway::builder()
+        .service(Service::new("infer", dead))
+        .service(Service {
+            extra: "read_timeout_seconds = 1",
+            ..Service::new("embed", up.url(""))
+        })
+        .start()
+}
+
 /// Runs the CLI with `--config` appended to the subcommand's arguments.
 pub fn cli(config: &Path, args: &[&str]) -> std::process::Output {
     Command::new(BIN)
