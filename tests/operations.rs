@@ -157,13 +157,19 @@ fn complete(stream: &str, n: u32) -> bool {
         && stream.ends_with("0\r\n\r\n")
 }
 
+/// One `infer` service in front of `up`, with a grace period far longer than any test waits:
+/// an exit before it proves the drain ended on its own.
+fn draining_gateway(up: &Upstream) -> Gateway {
+    Gateway::builder()
+        .service(Service::new("infer", up.url("")))
+        .grace_period(60)
+        .start()
+}
+
 #[test]
 fn an_upgrade_hands_over_the_sockets_without_failing_a_request_and_the_old_process_drains() {
     let up = Upstream::start();
-    let mut gw = Gateway::builder()
-        .service(Service::new("infer", up.url("")))
-        .grace_period(60)
-        .start();
+    let mut gw = draining_gateway(&up);
     let (key, _) = gw.create_key("infer", &[]);
     let traffic = Traffic::start(gw.port, &key);
     // ~10 s: it outlives Pingora's fixed 5 s hand-over window, so the old process must drain it.
@@ -241,10 +247,7 @@ fn an_upgrade_applies_a_changed_config() {
 #[test]
 fn sigterm_stops_accepting_lets_a_stream_finish_then_exits() {
     let up = Upstream::start();
-    let mut gw = Gateway::builder()
-        .service(Service::new("infer", up.url("")))
-        .grace_period(60)
-        .start();
+    let mut gw = draining_gateway(&up);
     let (key, _) = gw.create_key("infer", &[]);
     let stream = open_stream(gw.port, &key, 30, 100);
     let term = Instant::now();
@@ -271,10 +274,7 @@ fn sigterm_stops_accepting_lets_a_stream_finish_then_exits() {
 #[test]
 fn sigterm_with_nothing_in_flight_exits_promptly_and_flushes_the_access_log() {
     let up = Upstream::start();
-    let mut gw = Gateway::builder()
-        .service(Service::new("infer", up.url("")))
-        .grace_period(60)
-        .start();
+    let mut gw = draining_gateway(&up);
     let (status, headers, _) =
         gw.raw(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n");
     assert_eq!(status, 200);
@@ -299,10 +299,7 @@ fn sigterm_with_nothing_in_flight_exits_promptly_and_flushes_the_access_log() {
 #[test]
 fn sigint_stops_at_once_even_mid_stream() {
     let up = Upstream::start();
-    let mut gw = Gateway::builder()
-        .service(Service::new("infer", up.url("")))
-        .grace_period(60)
-        .start();
+    let mut gw = draining_gateway(&up);
     let (key, _) = gw.create_key("infer", &[]);
     let stream = open_stream(gw.port, &key, 100, 100);
     let int = Instant::now();
