@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use pingora::proxy::Session;
@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::config::{AccessLogDestination, AccessLogSettings};
 use crate::proxy::RequestCtx;
+use crate::timefmt::rfc3339_millis;
 
 /// Longest path logged; longer ones are cut (on a character boundary) so one request cannot
 /// write a megabyte line.
@@ -111,17 +112,6 @@ fn path_only(raw: &[u8]) -> Cow<'_, str> {
 
 fn millis(d: Duration) -> f64 {
     d.as_micros() as f64 / 1000.0
-}
-
-/// `2026-01-05T10:11:12.345Z`
-pub fn rfc3339_millis(t: SystemTime) -> String {
-    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let seconds = crate::cli::rfc3339(since.as_secs() as i64);
-    format!(
-        "{}.{:03}Z",
-        seconds.trim_end_matches('Z'),
-        since.subsec_millis()
-    )
 }
 
 enum Msg {
@@ -418,12 +408,6 @@ mod tests {
         let long = "é".repeat(MAX_PATH);
         let cut = path_only(long.as_bytes());
         assert!(cut.len() <= MAX_PATH && cut.chars().all(|c| c == 'é'));
-    }
-
-    #[test]
-    fn times_carry_milliseconds() {
-        let t = UNIX_EPOCH + Duration::from_millis(1_795_000_000_042);
-        assert_eq!(rfc3339_millis(t), "2026-11-18T11:06:40.042Z");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::auth::api_keys::{self, KeyRecord, KeyStore, SqliteStore};
 use crate::auth::unix_now;
 use crate::config::Config;
 use crate::server::{self, ServeOptions};
+use crate::timefmt::rfc3339;
 
 #[derive(Parser)]
 #[command(
@@ -192,27 +193,6 @@ fn time_or(t: Option<i64>, none: &str) -> String {
     t.map(rfc3339).unwrap_or_else(|| none.to_string())
 }
 
-/// UTC RFC 3339 from unix seconds (Howard Hinnant's civil-from-days).
-pub fn rfc3339(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
 /// `30s`, `15m`, `12h`, `90d`: a whole positive number and one unit.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("`{s}` is not a duration like 30s, 15m, 12h or 90d");
@@ -256,12 +236,5 @@ mod tests {
         ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn formats_utc_times() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_795_000_000), "2026-11-18T11:06:40Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
     }
 }

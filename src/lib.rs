@@ -11,3 +11,4 @@ pub mod rate_limit;
 pub mod routing;
 pub mod server;
 pub mod shutdown;
+pub mod timefmt;
