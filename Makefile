@@ -27,7 +27,7 @@ test-deps: deps
 	    apt-get install -y -qq --no-install-recommends prometheus openssl >/dev/null; }
 
 test: test-deps
-	PORTCULLIS_REQUIRE_PROMTOOL=1 $(CARGO) test --lib --bins --tests -- --test-threads=4
+	$(CARGO) test --lib --bins --tests -- --test-threads=4
 	$(CARGO) test --bench auth
 	scripts/sdk-tests.sh
 

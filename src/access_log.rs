@@ -97,7 +97,8 @@ impl<'a> Entry<'a> {
     }
 }
 
-fn path_only(raw: &[u8]) -> Cow<'_, str> {
+/// The path without its query, lossily decoded and capped: what any log line may show.
+pub fn path_only(raw: &[u8]) -> Cow<'_, str> {
     let end = raw.iter().position(|&b| b == b'?').unwrap_or(raw.len());
     let path = String::from_utf8_lossy(&raw[..end]);
     if path.len() <= MAX_PATH {
@@ -335,7 +336,12 @@ struct FileSink {
     size: u64,
     max_bytes: Option<u64>,
     max_files: usize,
+    /// After a failed rotation: no new attempt before this, and lines go on to the open file.
+    retry_rotation_at: Option<Instant>,
 }
+
+/// How long a failed rotation waits before it is tried again.
+const ROTATION_RETRY: Duration = Duration::from_secs(30);
 
 impl FileSink {
     fn open(path: PathBuf, max_bytes: Option<u64>, max_files: usize) -> io::Result<FileSink> {
@@ -346,16 +352,36 @@ impl FileSink {
             size,
             max_bytes,
             max_files,
+            retry_rotation_at: None,
         })
     }
 
     fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
         let len = line.len() as u64;
-        if self
+        let due = self
             .max_bytes
             .is_some_and(|max| self.size > 0 && self.size + len > max)
-        {
-            self.rotate()?;
+            && self.retry_rotation_at.is_none_or(|at| Instant::now() >= at);
+        if due {
+            // A failed rotation loses no line: the line goes to the file still open, the
+            // failure is reported once, and rotation is tried again later.
+            match self.rotate() {
+                Ok(()) => {
+                    if self.retry_rotation_at.take().is_some() {
+                        log::info!("access log: rotating again");
+                    }
+                }
+                Err(e) => {
+                    if self.retry_rotation_at.is_none() {
+                        log::warn!(
+                            "access log: cannot rotate {}: {e}; writing on to the current file, retrying every {}s",
+                            self.path.display(),
+                            ROTATION_RETRY.as_secs()
+                        );
+                    }
+                    self.retry_rotation_at = Some(Instant::now() + ROTATION_RETRY);
+                }
+            }
         }
         // One write_all per line: BufWriter never splits a line across two writes, and
         // O_APPEND keeps lines whole when an upgrade's old and new process share the file.
@@ -378,7 +404,11 @@ impl FileSink {
                 std::fs::rename(&from, numbered(n + 1))?;
             }
         }
-        std::fs::rename(&self.path, numbered(1))?;
+        match std::fs::rename(&self.path, numbered(1)) {
+            // Someone else moved or deleted the file: start a fresh one all the same.
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         self.reopen()
     }
 
@@ -438,5 +468,46 @@ mod tests {
         assert_eq!(read(".1"), "ccccccc\n");
         assert_eq!(read(".2"), "bbbbbbb\n");
         assert!(!dir.path().join("access.log.3").exists());
+    }
+
+    #[test]
+    fn a_failed_rotation_loses_no_line_and_is_retried_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        // A non-empty directory where `<path>.1` must go: every rename onto it fails.
+        let blocker = dir.path().join("access.log.1");
+        std::fs::create_dir(&blocker).unwrap();
+        std::fs::write(blocker.join("x"), "x").unwrap();
+        let mut sink = FileSink::open(path.clone(), Some(10), 1).unwrap();
+        let lines: Vec<String> = (0..20).map(|i| format!("line-{i:03}\n")).collect();
+        for line in &lines {
+            sink.write_line(line.as_bytes()).unwrap();
+        }
+        sink.out.flush().unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), lines.concat());
+        assert!(sink.retry_rotation_at.is_some());
+
+        // Once the obstacle is gone and the retry is due, rotation works again.
+        std::fs::remove_dir_all(&blocker).unwrap();
+        sink.retry_rotation_at = Some(Instant::now());
+        sink.write_line(b"after\n").unwrap();
+        sink.out.flush().unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
+        assert_eq!(std::fs::read_to_string(&blocker).unwrap(), lines.concat());
+        assert!(sink.retry_rotation_at.is_none());
+    }
+
+    #[test]
+    fn a_deleted_file_is_recreated_at_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let mut sink = FileSink::open(path.clone(), Some(10), 2).unwrap();
+        sink.write_line(b"aaaaaaa\n").unwrap();
+        sink.out.flush().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        sink.write_line(b"bbbbbbb\n").unwrap();
+        sink.out.flush().unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "bbbbbbb\n");
+        assert!(sink.retry_rotation_at.is_none());
     }
 }

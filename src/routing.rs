@@ -23,6 +23,15 @@ pub enum Target<'a> {
 }
 
 const PREFIX: &[u8] = b"/v1/";
+const HEALTH: &[u8] = b"/healthz";
+
+/// Whether the request target names the health endpoint, whatever the method or query:
+/// even a refused request there is the gateway's own (`_local`) business.
+pub fn is_health_target(target: &[u8]) -> bool {
+    target
+        .strip_prefix(HEALTH)
+        .is_some_and(|rest| rest.is_empty() || rest[0] == b'?')
+}
 
 /// Method, then path shape, in the order the interface pins.
 pub fn classify<'a>(method: &Method, target: &'a [u8]) -> Result<Target<'a>, GatewayError> {
@@ -39,7 +48,7 @@ pub fn classify<'a>(method: &Method, target: &'a [u8]) -> Result<Target<'a>, Gat
         return Err(GatewayError::BadRequest(Malformed::ControlCharacter));
     }
 
-    if path == b"/healthz" {
+    if path == HEALTH {
         return match *method {
             Method::GET | Method::HEAD => Ok(Target::Health),
             _ => Err(GatewayError::MethodNotAllowed),
@@ -87,19 +96,23 @@ fn hex(b: u8) -> Option<u8> {
     (b as char).to_digit(16).map(|d| d as u8)
 }
 
-/// Rejects control characters, backslashes, encoded `/` and `\` and dot segments,
+/// Rejects control characters, backslashes, encoded `/` and `\\` and dot segments,
 /// raw or percent-encoded: anything an upstream might resolve differently than we route.
+/// A segment's `;params` (RFC 3986 §3.3) do not hide a dot segment: Tomcat, Jetty and Spring
+/// cut them off and then treat `..;x` as `..`, so what counts is the part before the first
+/// `;` (raw or `%3b`).
 fn check_path(path: &[u8]) -> Result<(), GatewayError> {
     let mut i = 0;
-    // Per segment: how many characters, and how many of them were (possibly encoded) dots.
-    let (mut seg_len, mut seg_dots) = (0usize, 0usize);
+    // Per segment, up to its first `;`: how many characters, and how many of them were
+    // (possibly encoded) dots.
+    let (mut seg_len, mut seg_dots, mut in_params) = (0usize, 0usize, false);
     while i <= path.len() {
         let (decoded, width) = match path.get(i) {
             None | Some(b'/') => {
                 if seg_len > 0 && seg_len == seg_dots && seg_dots <= 2 {
                     return Err(GatewayError::BadRequest(Malformed::DotSegment));
                 }
-                (seg_len, seg_dots) = (0, 0);
+                (seg_len, seg_dots, in_params) = (0, 0, false);
                 i += 1;
                 continue;
             }
@@ -122,8 +135,11 @@ fn check_path(path: &[u8]) -> Result<(), GatewayError> {
         if is_control(decoded) {
             return Err(GatewayError::BadRequest(Malformed::ControlCharacter));
         }
-        seg_len += 1;
-        seg_dots += usize::from(decoded == b'.');
+        in_params |= decoded == b';';
+        if !in_params {
+            seg_len += 1;
+            seg_dots += usize::from(decoded == b'.');
+        }
         i += width;
     }
     Ok(())
@@ -219,6 +235,14 @@ mod tests {
             "/v1/infer/%2e/x",
             "/v1/infer/x/..",
             "/v1/infer/x/%2e%2e?q",
+            // Path parameters cut off by Tomcat, Jetty and Spring before they resolve dots.
+            "/v1/chaty/..;/x",
+            "/v1/chaty/.;/x",
+            "/v1/chaty/..;jsessionid=1/x",
+            "/v1/chaty/%2e%2e;/x",
+            "/v1/chaty/..%3b/x",
+            "/v1/chaty/.%3B/x",
+            "/v1/chaty/x/..;",
         ] {
             assert_eq!(bad(p), Malformed::DotSegment, "{p}");
         }
@@ -227,6 +251,14 @@ mod tests {
             ok("/v1/infer/.../a.b/..c"),
             Target::Protected { .. }
         ));
+        // Parameters on ordinary segments, and dots after the `;`, are forwarded as sent.
+        assert_eq!(
+            ok("/v1/infer/a;v=1/b;..;x/...;y?q=..;"),
+            Target::Protected {
+                service: Some(b"infer"),
+                forward: b"/a;v=1/b;..;x/...;y?q=..;"
+            }
+        );
     }
 
     #[test]

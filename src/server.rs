@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use pingora::apps::HttpServerOptions;
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::{RunArgs, Server, ShutdownWatch};
@@ -68,10 +69,13 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
 
     let gateway = Gateway::new(&config, auth, metrics.clone(), access_log.clone());
     let connections = Arc::new(Connections::default());
-    let app = Tracked::new(
-        pingora::proxy::http_proxy(&server.configuration, gateway),
-        connections.clone(),
-    );
+    let mut http = pingora::proxy::http_proxy(&server.configuration, gateway);
+    // Pingora would answer CONNECT itself with a bare 405; let it reach `request_filter`, which
+    // refuses it with the JSON 405, `Allow` and `X-Request-Id` like every other method.
+    let mut http_options = HttpServerOptions::default();
+    http_options.allow_connect_method_proxying = true;
+    http.server_options = Some(http_options);
+    let app = Tracked::new(http, connections.clone());
     let mut proxy = Service::new("portcullis".to_string(), app);
     for addr in &config.server.listen {
         // No L4 read buffer on plain TCP: Pingora's default is a zeroed 64 KiB per client
@@ -140,12 +144,20 @@ async fn build_auth(
         );
     }
     let jwt = match &config.jwt {
-        Some(settings) => Some(Arc::new(
-            JwtVerifier::new(settings.clone())
-                .await
+        Some(settings) => {
+            let verifier = JwtVerifier::new(settings.clone())
                 .map_err(|e| format!("auth.jwt: {e}"))?
-                .with_fetch_counter(metrics.jwks_fetches()),
-        )),
+                .with_fetch_counter(metrics.jwks_fetches());
+            // An unreachable issuer is an outage, not a configuration error: serve API keys
+            // now and let the refresh loop retry.
+            match verifier.load_keys().await {
+                Ok(n) => log::info!("JWT: {n} signing key(s) from the issuer"),
+                Err(e) => log::warn!(
+                    "auth.jwt: {e}; starting anyway: JWTs get 401 until a fetch succeeds"
+                ),
+            }
+            Some(Arc::new(verifier))
+        }
         None => None,
     };
     auth.jwt = jwt.clone();

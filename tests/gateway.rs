@@ -125,6 +125,22 @@ async fn methods_outside_the_allowed_set_are_405() {
     let (status, _, _) =
         gw.raw(b"TRACE /v1/infer/../x HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n");
     assert_eq!(status, 405);
+    // CONNECT is a method like any other, not framing: the same JSON 405, and no tunnel.
+    for target in ["upstream.example:443", "/v1/infer/v1/models"] {
+        let req = format!(
+            "CONNECT {target} HTTP/1.1\r\nHost: upstream.example:443\r\nAuthorization: Bearer {key}\r\n\r\n"
+        );
+        let (status, headers, body) = gw.raw(req.as_bytes());
+        assert_eq!(status, 405, "CONNECT {target}");
+        assert_eq!(
+            header(&headers, "allow"),
+            Some("GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS")
+        );
+        assert!(header(&headers, "x-request-id").is_some_and(|id| id.len() == 32));
+        assert_eq!(header(&headers, "content-type"), Some("application/json"));
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"], "method_not_allowed");
+    }
     assert!(up.requests().is_empty());
 }
 
@@ -146,6 +162,11 @@ async fn malformed_paths_are_400_before_authentication() {
         "/v1/infer/a%00b",
         "/v1/infer/a%0d%0ab",
         "/v1/../healthz",
+        // Tomcat, Jetty and Spring cut `;params` off and then resolve the dots.
+        "/v1/infer/..;/embed/x",
+        "/v1/infer/.;/x",
+        "/v1/infer/%2e%2e;x/x",
+        "/v1/infer/..%3b/x",
     ] {
         for token in [key.as_str(), "none"] {
             let (status, headers, body) = gw.raw(&get(path, token, ""));
@@ -168,7 +189,9 @@ async fn client_credentials_never_reach_the_upstream_and_configured_headers_do()
     let gw = gateway_with(&up);
     let (key, _) = gw.create_key("infer,chatx", &[]);
     let extra = "Cookie: session=client\r\nProxy-Authorization: Basic Zm9vOmJhcg==\r\n\
-                 x-api-key: client-chosen\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Proto: https\r\n";
+                 x-api-key: client-chosen\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Proto: https\r\n\
+                 Forwarded: for=6.6.6.6;proto=https;host=evil\r\nX-Real-IP: 6.6.6.6\r\n\
+                 X-Forwarded-Host: evil.example\r\nX-Forwarded-Port: 443\r\n";
     for path in ["/v1/infer/v1/models", "/v1/chatx/v1/models"] {
         let (status, _, _) = gw.raw(&get(path, &key, extra));
         assert_eq!(status, 200);
@@ -186,6 +209,16 @@ async fn client_credentials_never_reach_the_upstream_and_configured_headers_do()
         assert_eq!(got.header("x-forwarded-for"), Some("127.0.0.1"));
         assert_eq!(got.header_count("x-forwarded-for"), 1);
         assert_eq!(got.header("x-forwarded-proto"), Some("http"));
+        assert_eq!(got.header_count("x-forwarded-proto"), 1);
+        // Client-claimed identity never reaches the upstream.
+        for spoofable in [
+            "forwarded",
+            "x-real-ip",
+            "x-forwarded-host",
+            "x-forwarded-port",
+        ] {
+            assert_eq!(got.header(spoofable), None, "{spoofable} was forwarded");
+        }
         if path.contains("chatx") {
             assert_eq!(
                 got.header("authorization"),

@@ -64,6 +64,8 @@ pub struct RequestCtx {
     pub auth_failure: Option<AuthFailure>,
     /// Status of a response the gateway wrote itself.
     pub local_status: Option<u16>,
+    /// The target is `/healthz`: labelled `_local` whatever its answer.
+    pub health: bool,
     pub body_bytes: u64,
     pub upstream_sent: Option<Instant>,
     pub upstream_ttfb: Option<std::time::Duration>,
@@ -80,6 +82,7 @@ impl Default for RequestCtx {
             principal: None,
             auth_failure: None,
             local_status: None,
+            health: false,
             body_bytes: 0,
             upstream_sent: None,
             upstream_ttfb: None,

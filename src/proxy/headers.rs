@@ -25,6 +25,14 @@ pub fn within_limits(req: &RequestHeader) -> bool {
 
 /// Client credentials that must never reach an upstream.
 const CLIENT_SECRETS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
+/// Claims about the client's identity or the original request that only a proxy may make:
+/// from a client they are spoofing. `X-Forwarded-For` and `-Proto` are then set by us.
+const CLIENT_CLAIMED_IDENTITY: [&str; 4] = [
+    "forwarded",
+    "x-real-ip",
+    "x-forwarded-host",
+    "x-forwarded-port",
+];
 /// Session and challenge headers the gateway never relays: it issues no cookies and
 /// speaks only for itself about authentication.
 const UPSTREAM_SESSION: [&str; 4] = [
@@ -41,8 +49,8 @@ pub fn to_upstream(
     client_tls: bool,
     request_id: &str,
 ) -> pingora::Result<()> {
-    for name in CLIENT_SECRETS {
-        req.remove_header(name);
+    for name in CLIENT_SECRETS.iter().chain(&CLIENT_CLAIMED_IDENTITY) {
+        req.remove_header(*name);
     }
     req.insert_header("host", service.upstream.host_header.clone())?;
     match client_ip {

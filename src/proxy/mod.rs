@@ -71,6 +71,7 @@ impl Gateway {
 
     async fn decide(&self, session: &Session, ctx: &mut RequestCtx) -> Decision {
         let req = session.req_header();
+        ctx.health = routing::is_health_target(req.raw_path());
         // 1. Validate: method, then path shape.
         let target = match routing::classify(&req.method, req.raw_path()) {
             Ok(t) => t,
@@ -141,7 +142,11 @@ impl Gateway {
     ) -> Result<bool> {
         // Never drain an unread body just to keep the connection; and every 401 closes,
         // so all of them look alike and guessing costs a new connection.
-        if e == GatewayError::Unauthorized || !session.is_body_empty() {
+        // CONNECT would turn the connection into a tunnel: never read on after refusing it.
+        if e == GatewayError::Unauthorized
+            || !session.is_body_empty()
+            || session.req_header().method == Method::CONNECT
+        {
             session.set_keepalive(None);
         }
         let head_only = session.req_header().method == Method::HEAD;
@@ -302,6 +307,19 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    /// What Pingora's own log lines (e.g. `Fail to proxy`) say about the request: method, path
+    /// without its query (which may carry anything, keys included) and our request id; never
+    /// a header, token or body.
+    fn request_summary(&self, session: &Session, ctx: &RequestCtx) -> String {
+        let req = session.req_header();
+        format!(
+            "{} {:?} request_id={}",
+            req.method,
+            access_log::path_only(req.raw_path()),
+            ctx.request_id.as_str()
+        )
+    }
+
     fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
         // A client that goes away mid-stream is normal for chat UIs, not an error.
         e.esource() == &ErrorSource::Downstream
@@ -342,10 +360,10 @@ impl ProxyHttp for Gateway {
 impl Gateway {
     /// A bounded metric label: a registered service, `_local` or `_unknown`.
     fn service_label(&self, ctx: &RequestCtx) -> &str {
-        match (ctx.route, ctx.local_status) {
-            (Some(i), _) => &self.services[i].name,
-            (None, Some(200)) => "_local",
-            _ => "_unknown",
+        match ctx.route {
+            Some(i) => &self.services[i].name,
+            None if ctx.health => "_local",
+            None => "_unknown",
         }
     }
 }
