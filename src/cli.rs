@@ -57,8 +57,9 @@ pub enum KeysCommand {
         #[arg(long, value_delimiter = ',', required = true)]
         scopes: Vec<String>,
         /// Lifetime: a whole number with a unit, `30s`, `15m`, `12h` or `90d`.
-        #[arg(long, value_parser = parse_duration)]
-        expires_in: Option<Duration>,
+        /// Checked by us, not clap, so a bad value gets the same one-line reason as any error.
+        #[arg(long)]
+        expires_in: Option<String>,
     },
     /// List keys: id, name, scopes, created, expires, revoked. Never a secret.
     List {
@@ -73,6 +74,8 @@ pub enum KeysCommand {
     },
 }
 
+/// Runs a command. The error is the one-line reason for the last line of stderr; `serve`
+/// prints every config problem above it first.
 pub fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Serve {
@@ -81,7 +84,12 @@ pub fn run(cli: Cli) -> Result<(), String> {
             upgrade,
             test,
         } => {
-            let config = Config::from_file(&config).map_err(|e| e.to_string())?;
+            let config = Config::from_file(&config).map_err(|e| {
+                if e.problems.len() > 1 {
+                    eprintln!("{e}");
+                }
+                e.summary()
+            })?;
             if test {
                 println!("{}: configuration ok", config.path.display());
                 return Ok(());
@@ -98,7 +106,7 @@ fn keys(command: KeysCommand) -> Result<(), String> {
         | KeysCommand::List { config }
         | KeysCommand::Revoke { config, .. } => config.clone(),
     };
-    let settings = Config::key_store_from_file(&config_path).map_err(|e| e.to_string())?;
+    let settings = Config::key_store_from_file(&config_path).map_err(|e| e.summary())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -118,6 +126,10 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                 if name.trim().is_empty() || name.chars().any(char::is_control) {
                     return Err("--name must be non-empty printable text".to_string());
                 }
+                let expires_in = expires_in
+                    .map(|s| parse_lifetime(&s, unix_now()))
+                    .transpose()
+                    .map_err(|e| format!("--expires-in: {e}"))?;
                 let key = api_keys::create_key(&store, &name, scopes, expires_in)
                     .await
                     .map_err(|e| format!("cannot create the key: {e}"))?;
@@ -157,14 +169,10 @@ fn keys(command: KeysCommand) -> Result<(), String> {
 }
 
 fn validate_scopes(scopes: Vec<String>) -> Result<Vec<String>, String> {
-    let scopes: Vec<String> = scopes.into_iter().map(|s| s.trim().to_string()).collect();
     for s in &scopes {
-        let ok = !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
-        if !ok {
+        if !crate::auth::is_scope_token(s) {
             return Err(format!(
-                "--scopes: `{s}` is not a scope (letters, digits, `_-.:`)"
+                "--scopes: {s:?} is not a scope (printable ASCII without spaces, quotes or backslashes)"
             ));
         }
     }
@@ -195,22 +203,43 @@ fn time_or(t: Option<i64>, none: &str) -> String {
 
 /// `30s`, `15m`, `12h`, `90d`: a whole positive number and one unit.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("`{s}` is not a duration like 30s, 15m, 12h or 90d");
-    let (digits, unit) = s.split_at(s.len().checked_sub(1).ok_or_else(bad)?);
-    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let bad = || format!("{s:?} is not a duration like 30s, 15m, 12h or 90d");
+    // Split off the last character, not byte: the input is whatever the user typed.
+    let unit = s.chars().next_back().ok_or_else(bad)?;
+    let digits = &s[..s.len() - unit.len_utf8()];
     let unit_secs = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
         _ => return Err(bad()),
     };
-    if n == 0 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    if n == 0 {
         return Err(bad());
     }
     n.checked_mul(unit_secs)
         .map(Duration::from_secs)
         .ok_or_else(bad)
+}
+
+/// The last second of the year 9999 (UTC): RFC 3339 times have four-digit years.
+pub const MAX_EXPIRY: i64 = 253_402_300_799;
+
+/// A key lifetime from `now`: a duration that ends by the year 9999.
+pub fn parse_lifetime(s: &str, now: i64) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    let fits = i64::try_from(d.as_secs())
+        .ok()
+        .and_then(|secs| now.checked_add(secs))
+        .is_some_and(|at| at <= MAX_EXPIRY);
+    if !fits {
+        return Err(format!("{s:?} would end after the year 9999"));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -233,8 +262,29 @@ mod tests {
             "1.5h",
             "10w",
             "99999999999999999999d",
+            "5é",
+            "é",
+            "1ds",
+            "٣s",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn lifetimes_end_by_the_year_9999() {
+        let now = 1_800_000_000;
+        assert_eq!(
+            parse_lifetime("90d", now),
+            Ok(Duration::from_secs(7_776_000))
+        );
+        for past_9999 in ["10000000000000000000s", "3000000d", "18446744073709551615s"] {
+            let err = parse_lifetime(past_9999, now).unwrap_err();
+            assert!(err.contains("9999"), "{past_9999}: {err}");
+        }
+        let last = (MAX_EXPIRY - now).to_string() + "s";
+        assert!(parse_lifetime(&last, now).is_ok());
+        let one_more = (MAX_EXPIRY - now + 1).to_string() + "s";
+        assert!(parse_lifetime(&one_more, now).is_err());
     }
 }

@@ -373,6 +373,7 @@ fn config_test_flag_accepts_a_good_file_and_lists_every_problem_in_a_bad_one() {
         &bad,
         "[server]\nthreads = 0\n\
          [access_log]\ndestination = \"stdout\"\nmax_bytes = 1000\n\
+         [metrics]\nlisten = \"nope\"\n\
          [services.a]\nupstream = \"ftp://127.0.0.1\"\nscope = \"a\"\n\
          [services.b]\nupstream = \"http://127.0.0.1:1\"\n",
     )
@@ -383,6 +384,7 @@ fn config_test_flag_accepts_a_good_file_and_lists_every_problem_in_a_bad_one() {
     for key in [
         "server.threads",
         "access_log.max_bytes",
+        "metrics.listen",
         "services.a.upstream",
         "services.b.scope",
     ] {
@@ -393,4 +395,17 @@ fn config_test_flag_accepts_a_good_file_and_lists_every_problem_in_a_bad_one() {
             "{key} not reported:\n{stderr}"
         );
     }
+    // The full list, then one summary line last: what a script shows as the reason.
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("portcullis: ") && last.contains("and 4 more problem(s)"),
+        "last line is not a summary: {last:?}"
+    );
+    // A TOML syntax error is one line in all.
+    std::fs::write(&bad, "[server]\nthreads = = 2\n").unwrap();
+    let out = common::cli(&bad, &["serve", "-t"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("bad.toml: line 2, column"), "{stderr}");
 }

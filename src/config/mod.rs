@@ -135,6 +135,45 @@ impl fmt::Display for ConfigError {
     }
 }
 
+impl ConfigError {
+    /// One line for the end of stderr: the first problem, and how many more were listed.
+    pub fn summary(&self) -> String {
+        let first = self.problems.first().map_or("invalid configuration", |p| p);
+        match self.problems.len() {
+            0 | 1 => first.to_string(),
+            n => format!("{first} (and {} more problem(s))", n - 1),
+        }
+    }
+}
+
+/// A TOML syntax or shape error on one line: toml's own message draws the source over
+/// several lines, which a one-line reason on stderr cannot carry.
+fn toml_problem(shown: &str, text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    match e.span() {
+        Some(span) => {
+            let before = &text.as_bytes()[..span.start.min(text.len())];
+            let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+            let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+            format!("{shown}: line {line}, column {column}: {message}")
+        }
+        None => format!("{shown}: {message}"),
+    }
+}
+
+/// Resolves an upstream's host once, at start-up; a parameter so that checks which must not
+/// touch the network (fuzzing) can pass their own.
+pub type Resolver<'a> = &'a dyn Fn(&str, u16) -> Result<SocketAddr, String>;
+
+/// The system resolver (blocking, at start-up only).
+pub fn resolve_system(host: &str, port: u16) -> Result<SocketAddr, String> {
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve `{host}`: {e}"))?
+        .next()
+        .ok_or_else(|| format!("`{host}` resolves to no address"))
+}
+
 impl std::error::Error for ConfigError {}
 
 pub const DEFAULT_MAX_BODY: u64 = 32 * 1024 * 1024;
@@ -178,19 +217,30 @@ impl Config {
         text: &str,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
+        Config::parse_with(path, text, &lookup, &resolve_system)
+    }
+
+    /// `from_str` with the host resolver given.
+    pub fn parse_with(
+        path: &Path,
+        text: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        resolve: Resolver<'_>,
+    ) -> Result<Config, ConfigError> {
         let shown = path.display().to_string();
         let raw: file::File = toml::from_str(text).map_err(|e| ConfigError {
-            problems: vec![format!("{shown}: {}", e.to_string().trim_end())],
+            problems: vec![toml_problem(&shown, text, &e)],
         })?;
         let mut v = Validator {
             file: shown,
             problems: Vec::new(),
-            lookup: &lookup,
+            lookup,
+            resolve,
         };
         let config = Config {
             path: path.to_path_buf(),
             server: v.server(raw.server),
-            metrics: raw.metrics.map(|m| MetricsSettings { listen: m.listen }),
+            metrics: raw.metrics.map(|m| v.metrics(m)),
             access_log: v.access_log(raw.access_log),
             api_keys: raw.auth.api_keys.map(|a| v.api_keys(a)),
             jwt: raw.auth.jwt.and_then(|j| v.jwt(j)),
@@ -220,8 +270,8 @@ impl Config {
         };
         let text =
             std::fs::read_to_string(path).map_err(|e| one(format!("{shown}: cannot read: {e}")))?;
-        let raw: file::File = toml::from_str(&text)
-            .map_err(|e| one(format!("{shown}: {}", e.to_string().trim_end())))?;
+        let raw: file::File =
+            toml::from_str(&text).map_err(|e| one(toml_problem(&shown, &text, &e)))?;
         let raw_keys = raw.auth.api_keys.ok_or_else(|| {
             one(format!(
                 "{shown}: auth.api_keys: section missing, so there is no key store"
@@ -232,6 +282,7 @@ impl Config {
             file: shown,
             problems: Vec::new(),
             lookup: &lookup,
+            resolve: &resolve_system,
         };
         let settings = v.api_keys(raw_keys);
         if v.problems.is_empty() {
@@ -248,6 +299,7 @@ struct Validator<'a> {
     file: String,
     problems: Vec<String>,
     lookup: &'a dyn Fn(&str) -> Option<String>,
+    resolve: Resolver<'a>,
 }
 
 impl Validator<'_> {
@@ -265,6 +317,19 @@ impl Validator<'_> {
         }
     }
 
+    /// Every listener is an `ip:port`, checked here so that `serve -t` catches what would
+    /// otherwise only fail at bind time.
+    fn listen_address(&mut self, key: &str, addr: &str) {
+        if addr.parse::<SocketAddr>().is_err() {
+            self.problem(key, format!("`{addr}` is not an ip:port address"));
+        }
+    }
+
+    fn metrics(&mut self, m: file::Metrics) -> MetricsSettings {
+        self.listen_address("metrics.listen", &m.listen);
+        MetricsSettings { listen: m.listen }
+    }
+
     fn server(&mut self, s: file::Server) -> ServerSettings {
         let listen = s
             .listen
@@ -277,12 +342,7 @@ impl Validator<'_> {
             );
         }
         for addr in &listen {
-            if addr.parse::<SocketAddr>().is_err() {
-                self.problem(
-                    "server.listen",
-                    format!("`{addr}` is not an ip:port address"),
-                );
-            }
+            self.listen_address("server.listen", addr);
         }
         let threads = s.threads.unwrap_or_else(|| {
             std::thread::available_parallelism()
@@ -369,12 +429,7 @@ impl Validator<'_> {
 
     fn tls(&mut self, t: file::Tls) -> TlsListenSettings {
         for addr in &t.listen {
-            if addr.parse::<SocketAddr>().is_err() {
-                self.problem(
-                    "server.tls.listen",
-                    format!("`{addr}` is not an ip:port address"),
-                );
-            }
+            self.listen_address("server.tls.listen", addr);
         }
         if let Err(e) = load_pem_certs(&t.cert_file) {
             self.problem("server.tls.cert_file", e);
@@ -474,10 +529,18 @@ impl Validator<'_> {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
         if !name_ok {
             self.problem(&key, "a service name may hold only a-z, 0-9, `-` and `_`");
+        } else if name.starts_with('_') {
+            // `_local` and `_unknown` are metric labels of their own.
+            self.problem(&key, "a service name may not start with `_`");
         }
         let scope = s.scope.filter(|s| !s.is_empty());
-        if scope.is_none() {
-            self.problem(&format!("{key}.scope"), "is required");
+        match &scope {
+            None => self.problem(&format!("{key}.scope"), "is required"),
+            Some(scope) if !crate::auth::is_scope_token(scope) => self.problem(
+                &format!("{key}.scope"),
+                "must be one scope: printable ASCII without spaces, quotes or backslashes",
+            ),
+            Some(_) => {}
         }
         let upstream = match &s.upstream {
             None => {
@@ -486,7 +549,7 @@ impl Validator<'_> {
             }
             Some(raw) => {
                 let url = self.expand(&format!("{key}.upstream"), raw);
-                url.and_then(|url| match parse_upstream(&url) {
+                url.and_then(|url| match parse_upstream(&url, self.resolve) {
                     Ok(u) => Some(u),
                     Err(e) => {
                         self.problem(&format!("{key}.upstream"), e);
@@ -591,7 +654,7 @@ fn http_url(s: &str) -> Option<http::Uri> {
 }
 
 /// `scheme://host[:port][/base-path]`, resolved to a socket address now.
-fn parse_upstream(url: &str) -> Result<Upstream, String> {
+fn parse_upstream(url: &str, resolve: Resolver<'_>) -> Result<Upstream, String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|_| format!("`{url}` is not a valid URL"))?;
@@ -619,11 +682,7 @@ fn parse_upstream(url: &str) -> Result<Upstream, String> {
     }
     let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
     let base_path = uri.path().trim_end_matches('/').to_string();
-    let address = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve `{host}`: {e}"))?
-        .next()
-        .ok_or_else(|| format!("`{host}` resolves to no address"))?;
+    let address = resolve(&host, port)?;
     let host_header = HeaderValue::from_str(&format!("{bracketed}:{port}"))
         .map_err(|_| format!("`{url}` has an invalid host"))?;
     Ok(Upstream {

@@ -136,3 +136,56 @@ fn refuses_bad_server_and_auth_values() {
 fn no_services_is_an_error() {
     assert!(problems("").contains("no service is configured"));
 }
+
+#[test]
+fn every_listener_address_is_checked() {
+    let p = problems(&format!(
+        "{MINIMAL}[metrics]\nlisten = \"nope\"\n[server]\nlisten = [\"127.0.0.1:80\", \"::1\"]\n"
+    ));
+    assert!(p.contains("metrics.listen") && p.contains("`nope`"), "{p}");
+    assert!(p.contains("server.listen") && p.contains("`::1`"), "{p}");
+    assert!(parse(&format!("{MINIMAL}[metrics]\nlisten = \"[::1]:9100\"\n")).is_ok());
+}
+
+#[test]
+fn service_names_may_not_take_the_reserved_labels() {
+    for name in ["_local", "_unknown", "_x"] {
+        let p = problems(&format!(
+            "[services.{name}]\nupstream = \"http://127.0.0.1:1\"\nscope = \"a\"\n"
+        ));
+        assert!(p.contains("may not start with `_`"), "{name}: {p}");
+    }
+    assert!(parse("[services.a_b]\nupstream = \"http://127.0.0.1:1\"\nscope = \"a\"\n").is_ok());
+}
+
+#[test]
+fn a_scope_must_be_one_scope_token() {
+    for scope in ["chat x", "chat\tx", "a\\u0001", "\\\"q\\\"", "a\\\\b", " "] {
+        let p = problems(&format!(
+            "[services.a]\nupstream = \"http://127.0.0.1:1\"\nscope = \"{scope}\"\n"
+        ));
+        assert!(p.contains("services.a.scope"), "{scope:?}: {p}");
+    }
+    for scope in ["chatx", "portcullis:admin", "api://x/y.read", "a-b_c~!"] {
+        let text =
+            format!("[services.a]\nupstream = \"http://127.0.0.1:1\"\nscope = \"{scope}\"\n");
+        assert!(parse(&text).is_ok(), "{scope:?}");
+    }
+}
+
+#[test]
+fn toml_errors_and_summaries_are_one_line() {
+    let e =
+        parse("[services.a]\nupstream = \"http://127.0.0.1:1\"\nscope = = \"a\"\n").unwrap_err();
+    assert_eq!(e.problems.len(), 1);
+    let line = &e.problems[0];
+    assert!(!line.contains('\n'), "{line}");
+    assert!(line.starts_with("test.toml: line 3, column "), "{line}");
+    let e = parse("[services.a]\nscope = \"a\"\n[services.b]\nscope = \"b\"\n").unwrap_err();
+    let summary = e.summary();
+    assert!(!summary.contains('\n'), "{summary}");
+    assert!(
+        summary.contains("services.a.upstream") && summary.contains("and 1 more"),
+        "{summary}"
+    );
+}
