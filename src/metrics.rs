@@ -91,7 +91,7 @@ impl Metrics {
         let key_store_lookups = IntCounterVec::new(
             Opts::new(
                 "portcullis_key_store_lookups_total",
-                "API-key cache misses that went to the key store, by result (found, unknown, error).",
+                "API-key cache misses by result: found, unknown, error (the store failed), unavailable (store known down, not asked).",
             ),
             &["result"],
         )
@@ -99,7 +99,7 @@ impl Metrics {
         let jwks_fetches = IntCounterVec::new(
             Opts::new(
                 "portcullis_jwks_fetches_total",
-                "JWKS refreshes and unknown-kid refetches after start-up, by result (ok, error).",
+                "JWKS fetches (start-up, refreshes, retries and unknown-kid refetches), by result (ok, error).",
             ),
             &["result"],
         )

@@ -127,26 +127,106 @@ fn cached_keys_are_still_served_when_the_store_file_is_removed() {
 fn the_key_cli_refuses_bad_input_with_one_line_reasons() {
     let up = Upstream::start();
     let gw = two_services(&up).start();
-    for args in [
-        &["keys", "create", "--name", "x", "--scopes", "in fer"][..],
-        &[
-            "keys",
-            "create",
-            "--name",
-            "x",
-            "--scopes",
-            "infer",
+    let create = |extra: &[&'static str]| -> Vec<&'static str> {
+        [&["keys", "create", "--name", "x"][..], extra].concat()
+    };
+    for (args, reason) in [
+        (create(&["--scopes", "in fer"]), "--scopes"),
+        (create(&["--scopes", "infer\u{1}"]), "--scopes"),
+        (
+            create(&["--scopes", "infer", "--expires-in", "10w"]),
             "--expires-in",
-            "10w",
-        ],
-        &["keys", "revoke", "0000000000000000"],
-        &["keys", "revoke", "not-an-id"],
+        ),
+        // A multi-byte last character once panicked in a byte split.
+        (
+            create(&["--scopes", "infer", "--expires-in", "5é"]),
+            "--expires-in",
+        ),
+        // Once wrapped around into a key that had already expired.
+        (
+            create(&["--scopes", "infer", "--expires-in", "10000000000000000000s"]),
+            "9999",
+        ),
+        (
+            create(&["--scopes", "infer", "--expires-in", "3000000d"]),
+            "9999",
+        ),
+        (vec!["keys", "revoke", "0000000000000000"], "no key"),
+        (vec!["keys", "revoke", "not-an-id"], "not a key id"),
     ] {
-        let out = cli(&gw.config, args);
-        assert!(!out.status.success(), "{args:?} succeeded");
+        let out = cli(&gw.config, &args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
         let err = String::from_utf8(out.stderr).unwrap();
-        assert!(!err.trim().is_empty(), "{args:?}: no reason given");
+        assert_eq!(err.lines().count(), 1, "{args:?}: not one line:\n{err}");
+        assert!(
+            err.starts_with("portcullis: ") && err.contains(reason),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+    // Nothing was created by any of them.
+    let listing = String::from_utf8(cli(&gw.config, &["keys", "list"]).stdout).unwrap();
+    assert_eq!(listing.lines().count(), 1, "{listing}");
+}
+
+#[test]
+fn a_bad_config_gives_the_key_cli_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    for text in [
+        // A TOML syntax error: toml's own message draws the source over several lines.
+        "[auth.api_keys]\ndatabase = \"sqlite://x.db\"\ncache_ttl_seconds = = 3\n",
+        "[auth.api_keys]\ndatabase = \"mysql://x\"\ncache_ttl_seconds = 0\n",
+        "[services.a]\nupstream = 3\n",
+    ] {
+        std::fs::write(&config, text).unwrap();
+        let out = cli(&config, &["keys", "list"]);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{text}: not one line:\n{err}");
+        assert!(err.contains("bad.toml"), "{err}");
+    }
+}
+
+#[test]
+fn the_key_database_is_private_to_the_gateway_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keys.toml");
+    let db = dir.path().join("store/keys.db");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth.api_keys]\ndatabase = \"sqlite://{}\"\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    let out = cli(
+        &config,
+        &["keys", "create", "--name", "x", "--scopes", "infer"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for suffix in ["", "-wal", "-shm"] {
+        let path = db.with_file_name(format!("keys.db{suffix}"));
+        match std::fs::metadata(&path) {
+            Ok(meta) => {
+                let mode = meta.permissions().mode() & 0o777;
+                assert_eq!(mode, 0o600, "keys.db{suffix} has mode {mode:o}");
+            }
+            Err(_) => assert!(!suffix.is_empty(), "no key database"),
+        }
+    }
+    // An existing database that others can read is reported, by the CLI and by `serve`.
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = cli(&config, &["keys", "list"]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("chmod 600"), "no warning: {err}");
 }
 
 async fn jwt_gateway(up: &Upstream, idp: &Idp) -> Gateway {
@@ -281,11 +361,47 @@ async fn a_rotated_signing_key_is_accepted_without_restart() {
             status(&gw, "/v1/infer/x", &token(&old, &idp, json!({}))),
             200
         );
-        // The new kid cost exactly one refetch, visible to operators.
+        // The start-up fetch, then exactly one refetch for the new kid, visible to operators.
         let m = gw.metrics();
         assert!(
-            m.contains(r#"portcullis_jwks_fetches_total{result="ok"} 1"#),
+            m.contains(r#"portcullis_jwks_fetches_total{result="ok"} 2"#),
             "{m}"
         );
     });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_provider_down_at_start_up_stops_only_jwts_until_it_is_back() {
+    let rsa = TestKey::rsa("r1");
+    let idp = Idp::start(&[&rsa]).await;
+    idp.jwks_status
+        .store(503, std::sync::atomic::Ordering::SeqCst);
+    let up = Upstream::start();
+    let gw = jwt_gateway(&up, &idp).await;
+    let (key, _) = gw.create_key("infer", &[]);
+    let jwt = token(&rsa, &idp, json!({"scope": "infer"}));
+    tokio::task::block_in_place(|| {
+        assert_eq!(status(&gw, "/v1/infer/x", &key), 200, "API keys must work");
+        assert_eq!(status(&gw, "/v1/infer/x", &jwt), 401);
+    });
+    assert!(gw.log().contains("starting anyway"), "{}", gw.log());
+    idp.jwks_status
+        .store(0, std::sync::atomic::Ordering::SeqCst);
+    // Retried with backoff (1 s, 2 s, 4 s, ...): well within 10 s of the issuer coming back.
+    let back = Instant::now();
+    tokio::task::block_in_place(|| {
+        while status(&gw, "/v1/infer/x", &jwt) != 200 {
+            assert!(back.elapsed() < Duration::from_secs(10), "{}", gw.log());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let failed = gw
+        .metrics()
+        .lines()
+        .find(|l| l.starts_with(r#"portcullis_jwks_fetches_total{result="error"}"#))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap());
+    assert!(
+        failed.is_some_and(|n| n >= 2.0),
+        "failures not counted: {failed:?}"
+    );
 }

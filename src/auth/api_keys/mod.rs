@@ -1,6 +1,7 @@
 //! API keys `ak_<keyid>.<secret>`: creation, and verification through a cache in front of
 //! the store. The cache holds verifiers by key id, never secrets; its TTL is the revocation bound.
 
+mod outage;
 pub mod store;
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use subtle::ConstantTimeEq;
 
 use super::token::{KeyId, API_KEY_PREFIX};
 use super::{unix_now, Principal, PrincipalKind};
+use outage::StoreHealth;
 pub use store::{KeyRecord, KeyStore, SqliteStore, StoreError, StoredKey};
 
 #[derive(Clone)]
@@ -54,6 +56,7 @@ impl Expiry<KeyId, Entry> for EntryExpiry {
 pub struct ApiKeyVerifier {
     store: Arc<dyn KeyStore>,
     cache: Cache<KeyId, Entry>,
+    health: StoreHealth,
     /// `portcullis_key_store_lookups_total{result}`, when metrics are on.
     lookups: Option<prometheus::IntCounterVec>,
 }
@@ -70,6 +73,7 @@ impl ApiKeyVerifier {
         ApiKeyVerifier {
             store,
             cache,
+            health: StoreHealth::default(),
             lookups: None,
         }
     }
@@ -87,7 +91,8 @@ impl ApiKeyVerifier {
             .cache
             .try_get_with(key_id, self.load(key_id))
             .await
-            .map_err(|e| log::warn!("api key store lookup failed: {e}"))
+            // The outage itself is logged once, by `StoreHealth`; not once per request.
+            .map_err(|e| log::debug!("api key lookup failed: {e}"))
             .ok()?;
         match entry {
             Entry::Unknown => {
@@ -102,17 +107,34 @@ impl ApiKeyVerifier {
         }
     }
 
-    /// One store lookup per id, shared by every concurrent miss for it (moka coalesces).
-    async fn load(&self, key_id: KeyId) -> Result<Entry, StoreError> {
-        let found = self.store.find(key_id.as_str()).await;
+    /// Whether the store is known to be down right now.
+    pub fn store_down(&self) -> bool {
+        self.health.is_down()
+    }
+
+    fn count(&self, result: &str) {
         if let Some(lookups) = &self.lookups {
-            let result = match &found {
-                Ok(Some(_)) => "found",
-                Ok(None) => "unknown",
-                Err(_) => "error",
-            };
             lookups.with_label_values(&[result]).inc();
         }
+    }
+
+    /// One store lookup per id, shared by every concurrent miss for it (moka coalesces).
+    /// A store known to be down is not asked (but once a second): the miss fails at once.
+    async fn load(&self, key_id: KeyId) -> Result<Entry, StoreError> {
+        if !self.health.may_try() {
+            self.count("unavailable");
+            return Err("the key store is down".into());
+        }
+        let found = self.store.find(key_id.as_str()).await;
+        match &found {
+            Ok(_) => self.health.succeeded(),
+            Err(e) => self.health.failed(e),
+        }
+        self.count(match &found {
+            Ok(Some(_)) => "found",
+            Ok(None) => "unknown",
+            Err(_) => "error",
+        });
         Ok(match found? {
             None => Entry::Unknown,
             Some(stored) => Entry::Known(Arc::new(KnownKey {

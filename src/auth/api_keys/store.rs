@@ -1,6 +1,10 @@
 //! Where API keys live. Only a verifier (SHA-256 of the secret) is stored; revocation marks
 //! a row and never deletes it, so a key id is never reused and the audit trail stays.
 
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -60,10 +64,14 @@ impl SqliteStore {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(2));
-        if let Some(dir) = options.get_filename().parent() {
+        let file = options.get_filename();
+        if let Some(dir) = file.parent() {
             if !dir.as_os_str().is_empty() {
                 std::fs::create_dir_all(dir)?;
             }
+        }
+        if file != Path::new(":memory:") {
+            private_file(file)?;
         }
         let setup = SqlitePoolOptions::new()
             .max_connections(1)
@@ -76,6 +84,32 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(2))
             .connect_lazy_with(options);
         Ok(SqliteStore { pool })
+    }
+}
+
+/// Key names, scopes and verifiers are for the gateway's user alone: a new database file is
+/// created 0600 (SQLite gives its `-wal` and `-shm` files the same mode), and an existing one
+/// that others can read is reported, not silently changed.
+fn private_file(path: &Path) -> io::Result<()> {
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let mode = std::fs::metadata(path)?.permissions().mode();
+            if mode & 0o077 != 0 {
+                log::warn!(
+                    "key store {} is readable or writable by other users (mode {:o}): chmod 600 it",
+                    path.display(),
+                    mode & 0o777
+                );
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
 }
 

@@ -163,3 +163,104 @@ async fn expired_keys_are_refused_even_while_cached() {
     tokio::time::sleep(Duration::from_millis(2100)).await;
     assert!(verifier.verify(id, &secret).await.is_none());
 }
+
+/// Two real SQLite stores behind one switch: the live one, and one whose directory is gone
+/// and whose pool holds no connection, so every lookup really fails to reach its database.
+struct Switchable {
+    live: SqliteStore,
+    dead: SqliteStore,
+    down: AtomicBool,
+    dead_attempts: AtomicUsize,
+}
+
+impl Switchable {
+    fn current(&self) -> &SqliteStore {
+        if self.down.load(Ordering::SeqCst) {
+            self.dead_attempts.fetch_add(1, Ordering::SeqCst);
+            &self.dead
+        } else {
+            &self.live
+        }
+    }
+}
+
+#[async_trait]
+impl KeyStore for Switchable {
+    async fn find(&self, key_id: &str) -> Result<Option<StoredKey>, StoreError> {
+        self.current().find(key_id).await
+    }
+    async fn insert(&self, key: &StoredKey) -> Result<(), StoreError> {
+        self.current().insert(key).await
+    }
+    async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        self.current().list().await
+    }
+    async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError> {
+        self.current().revoke(key_id, at).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_store_answers_at_once_and_is_asked_at_most_once_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = SqliteStore::open(&format!("sqlite://{}/keys.db", dir.path().display()))
+        .await
+        .unwrap();
+    let gone = dir.path().join("gone");
+    let dead = SqliteStore::open(&format!("sqlite://{}/keys.db", gone.display()))
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&gone).unwrap();
+    let store = Arc::new(Switchable {
+        live,
+        dead,
+        down: AtomicBool::new(false),
+        dead_attempts: AtomicUsize::new(0),
+    });
+    let cached = create_key(&*store, "cached", vec!["infer".into()], None)
+        .await
+        .unwrap();
+    let later = create_key(&*store, "later", vec!["infer".into()], None)
+        .await
+        .unwrap();
+    let v = ApiKeyVerifier::new(
+        store.clone(),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    );
+    let (cached_id, cached_secret) = split(&cached.token);
+    assert!(v.verify(cached_id, &cached_secret).await.is_some());
+
+    store.down.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    // The first miss meets the outage (and waits for it once)...
+    let unknown = |i: u64| KeyId::parse(&format!("{i:016x}")).unwrap();
+    assert!(v.verify(unknown(1), &cached_secret).await.is_none());
+    assert!(v.store_down());
+    // ...then every miss is refused at once, and cached keys keep working.
+    let mut slowest = Duration::ZERO;
+    for i in 2..200 {
+        let t = Instant::now();
+        assert!(v.verify(unknown(i), &cached_secret).await.is_none());
+        assert!(v.verify(cached_id, &cached_secret).await.is_some());
+        slowest = slowest.max(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let elapsed = started.elapsed();
+    let attempts = store.dead_attempts.load(Ordering::SeqCst);
+    eprintln!("{attempts} store attempts in {elapsed:?}; slowest refusal took {slowest:?} (an attempt included)");
+    assert!(
+        attempts as u64 <= elapsed.as_secs() + 1,
+        "{attempts} attempts in {elapsed:?}"
+    );
+
+    // Back: within a second a new key is found again.
+    store.down.store(false, Ordering::SeqCst);
+    let (later_id, later_secret) = split(&later.token);
+    let back = Instant::now();
+    while v.verify(later_id, &later_secret).await.is_none() {
+        assert!(back.elapsed() < Duration::from_secs(3), "never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!v.store_down());
+}

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyOperations, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey};
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 /// Longest `kid` accepted, in a JWKS or a token header.
 pub const MAX_KID_LEN: usize = 256;
@@ -33,6 +34,8 @@ impl KeyKind {
 
 pub struct VerifyKey {
     pub key: DecodingKey,
+    /// SHA-256 of the JWK's key parameters: tells a key replaced under the same `kid`.
+    material: [u8; 32],
     kind: KeyKind,
     /// The JWK's own `alg`, when it names one: then a token's `alg` must be exactly it.
     alg: Option<Algorithm>,
@@ -90,11 +93,21 @@ impl KeySet {
         self.by_kid.values().map(Vec::len).sum()
     }
 
-    /// True if `newer` lacks a `kid` this set has: a withdrawn key.
-    pub fn withdrawn_in(&self, newer: &KeySet) -> bool {
+    pub fn is_empty(&self) -> bool {
+        self.by_kid.is_empty()
+    }
+
+    /// True if some key of this set is not in `newer`: withdrawn, or replaced by other key
+    /// material under the same `kid`. Tokens it verified must then be verified again.
+    pub fn retired_in(&self, newer: &KeySet) -> bool {
         self.by_kid
-            .keys()
-            .any(|kid| !newer.by_kid.contains_key(kid))
+            .iter()
+            .any(|(kid, keys)| match newer.by_kid.get(kid) {
+                None => true,
+                Some(new) => keys
+                    .iter()
+                    .any(|old| !new.iter().any(|k| k.material == old.material)),
+            })
     }
 }
 
@@ -136,7 +149,17 @@ fn usable(jwk: &Jwk) -> Result<(String, VerifyKey), &'static str> {
         },
     };
     let key = DecodingKey::from_jwk(jwk).map_err(|_| "malformed key parameters")?;
-    Ok((kid, VerifyKey { key, kind, alg }))
+    let params = serde_json::to_vec(&jwk.algorithm).map_err(|_| "malformed key parameters")?;
+    let material = Sha256::digest(&params).into();
+    Ok((
+        kid,
+        VerifyKey {
+            key,
+            material,
+            kind,
+            alg,
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -202,11 +225,22 @@ mod tests {
     }
 
     #[test]
-    fn withdrawn_keys_are_noticed() {
+    fn withdrawn_and_replaced_keys_are_noticed() {
         let old = set(json!([{"kty": "RSA", "kid": "a", "n": N, "e": "AQAB"}])).unwrap();
-        let same = set(json!([{"kty": "RSA", "kid": "a", "n": N, "e": "AQAB"}])).unwrap();
+        let same =
+            set(json!([{"kty": "RSA", "kid": "a", "use": "sig", "n": N, "e": "AQAB"}])).unwrap();
         let other = set(json!([{"kty": "RSA", "kid": "b", "n": N, "e": "AQAB"}])).unwrap();
-        assert!(!old.withdrawn_in(&same));
-        assert!(old.withdrawn_in(&other));
+        // Same kid, other key material: the key was replaced.
+        let replaced = set(json!([{"kty": "RSA", "kid": "a", "n": N, "e": "AQAD"}])).unwrap();
+        let added = set(json!([
+            {"kty": "RSA", "kid": "a", "n": N, "e": "AQAB"},
+            {"kty": "EC", "kid": "a", "crv": "P-256", "x": XY, "y": XY},
+        ]))
+        .unwrap();
+        assert!(!old.retired_in(&same));
+        assert!(!old.retired_in(&added), "only an added key");
+        assert!(old.retired_in(&other));
+        assert!(old.retired_in(&replaced));
+        assert!(added.retired_in(&old));
     }
 }

@@ -25,8 +25,9 @@ use keys::{KeySet, MAX_KID_LEN};
 /// Least time between two refetches caused by unknown `kid`s, so random kids cannot hammer
 /// the issuer. A genuinely new key may thus wait this long after a burst of bogus ones.
 const UNKNOWN_KID_COOLDOWN: Duration = Duration::from_secs(10);
-/// How soon a failed periodic refresh is retried (when sooner than the refresh period).
+/// A failed fetch is retried after 1 s, then twice as long each time up to this.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(30);
+const FIRST_RETRY: Duration = Duration::from_secs(1);
 const CACHE_CAPACITY: u64 = 100_000;
 /// Upper bound on a cache entry's life even for a far-off `exp`: the signature is re-checked.
 const MAX_CACHE_TTL: Duration = Duration::from_secs(600);
@@ -35,7 +36,8 @@ const MAX_LEEWAY_SECONDS: u64 = 3600;
 
 pub struct JwtVerifier {
     settings: JwtSettings,
-    jwks_uri: String,
+    /// Configured, or discovered from the issuer by the first fetch that reaches it.
+    jwks_uri: RwLock<Option<String>>,
     http: reqwest::Client,
     /// One `Validation` per allowed algorithm: one never mixes algorithm families.
     validations: Vec<(Algorithm, Validation)>,
@@ -73,36 +75,27 @@ fn time_left(exp: i64) -> Duration {
 }
 
 impl JwtVerifier {
-    /// Discovers the JWKS (unless `jwks_uri` is configured) and fetches it once. Every
-    /// fetch is bounded in time and size; the error is one line, for the start-up failure.
-    pub async fn new(settings: JwtSettings) -> Result<JwtVerifier, String> {
+    /// Builds the verifier; only a configuration problem is an error. The issuer's keys are
+    /// fetched by `load_keys` (and the refresh loop): an identity provider that is down at
+    /// start-up must not stop the gateway, API keys and all; JWTs get 401 until it answers.
+    pub fn new(settings: JwtSettings) -> Result<JwtVerifier, String> {
         if settings.leeway_seconds > MAX_LEEWAY_SECONDS {
             return Err(format!(
                 "auth.jwt.leeway_seconds: at most {MAX_LEEWAY_SECONDS} is accepted"
             ));
         }
         let http = fetch::client()?;
-        let jwks_uri = match &settings.jwks_uri {
-            Some(uri) => uri.clone(),
-            None => fetch::discover_jwks_uri(&http, &settings.issuer)
-                .await
-                .map_err(|e| format!("JWT issuer discovery failed: {e}"))?,
-        };
-        let keys = fetch::jwks(&http, &jwks_uri)
-            .await
-            .map_err(|e| format!("JWKS fetch failed: {e}"))?;
-        log::info!("JWT: {} signing key(s) from {jwks_uri}", keys.len());
         let validations = settings
             .algorithms
             .iter()
             .map(|&alg| (alg, validation(&settings, alg)))
             .collect();
         Ok(JwtVerifier {
+            jwks_uri: RwLock::new(settings.jwks_uri.clone()),
             settings,
-            jwks_uri,
             http,
             validations,
-            keys: RwLock::new(Arc::new(keys)),
+            keys: RwLock::new(Arc::new(KeySet::default())),
             refetch: tokio::sync::Mutex::new(None),
             cache: Cache::builder()
                 .max_capacity(CACHE_CAPACITY)
@@ -117,14 +110,53 @@ impl JwtVerifier {
         self
     }
 
-    /// One JWKS fetch after start-up, counted by result.
+    /// Fetches and installs the key set once, at start-up: the one-line reason if it failed.
+    pub async fn load_keys(&self) -> Result<usize, String> {
+        let _one_fetch_at_a_time = self.refetch.lock().await;
+        let set = self.fetch_keys().await?;
+        let n = set.len();
+        self.install(set);
+        Ok(n)
+    }
+
+    /// Whether any signing key is installed yet.
+    pub fn has_keys(&self) -> bool {
+        !self.current_keys().is_empty()
+    }
+
+    /// One JWKS fetch (discovering its URI first if still unknown), counted by result.
     async fn fetch_keys(&self) -> Result<KeySet, String> {
-        let result = fetch::jwks(&self.http, &self.jwks_uri).await;
+        let result = self.discover_and_fetch().await;
         if let Some(fetches) = &self.fetches {
             let label = if result.is_ok() { "ok" } else { "error" };
             fetches.with_label_values(&[label]).inc();
         }
         result
+    }
+
+    async fn discover_and_fetch(&self) -> Result<KeySet, String> {
+        let known = self
+            .jwks_uri
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let uri = match known {
+            Some(uri) => uri,
+            None => {
+                let uri = fetch::discover_jwks_uri(&self.http, &self.settings.issuer)
+                    .await
+                    .map_err(|e| format!("issuer discovery failed: {e}"))?;
+                log::info!("JWT: the issuer's JWKS is at {uri}");
+                *self
+                    .jwks_uri
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(uri.clone());
+                uri
+            }
+        };
+        fetch::jwks(&self.http, &uri)
+            .await
+            .map_err(|e| format!("JWKS fetch failed: {e}"))
     }
 
     /// The caller's principal, or None for any failure at all. The token is never logged.
@@ -156,21 +188,41 @@ impl JwtVerifier {
         }
     }
 
-    /// Refreshes the JWKS every `jwks_refresh`, keeping the last good set when a fetch fails.
+    /// Refreshes the JWKS every `jwks_refresh`, keeping the last good set when a fetch fails;
+    /// a failed fetch is retried sooner, with backoff (from the start when the first failed).
     pub async fn refresh_loop(self: Arc<Self>) {
-        let mut wait = self.settings.jwks_refresh;
+        let mut retry = FIRST_RETRY;
+        let mut wait = if self.has_keys() {
+            self.settings.jwks_refresh
+        } else {
+            retry
+        };
         loop {
             tokio::time::sleep(wait).await;
             let _one_fetch_at_a_time = self.refetch.lock().await;
             wait = match self.fetch_keys().await {
                 Ok(set) => {
-                    log::debug!("JWT: JWKS refreshed, {} signing key(s)", set.len());
+                    if self.has_keys() {
+                        log::debug!("JWT: JWKS refreshed, {} signing key(s)", set.len());
+                    } else {
+                        log::info!(
+                            "JWT: {} signing key(s) fetched; JWTs are accepted",
+                            set.len()
+                        );
+                    }
                     self.install(set);
+                    retry = FIRST_RETRY;
                     self.settings.jwks_refresh
                 }
                 Err(e) => {
-                    log::warn!("JWKS refresh failed, keeping the last good key set: {e}");
-                    self.settings.jwks_refresh.min(RETRY_AFTER_FAILURE)
+                    let next = retry.min(self.settings.jwks_refresh);
+                    if self.has_keys() {
+                        log::warn!("{e}; keeping the last good key set, retrying in {next:?}");
+                    } else {
+                        log::warn!("{e}; JWTs get 401 until it succeeds, retrying in {next:?}");
+                    }
+                    retry = (retry * 2).min(RETRY_AFTER_FAILURE);
+                    next
                 }
             };
         }
@@ -270,8 +322,8 @@ impl JwtVerifier {
             let mut keys = self.keys.write().unwrap_or_else(PoisonError::into_inner);
             std::mem::replace(&mut *keys, set.clone())
         };
-        if old.withdrawn_in(&set) {
-            // A withdrawn key may be a compromised one: re-check every token it signed.
+        if old.retired_in(&set) {
+            // A withdrawn or replaced key may be a compromised one: re-check every token.
             self.cache.invalidate_all();
         }
         set

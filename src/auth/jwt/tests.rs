@@ -32,8 +32,15 @@ fn settings(idp: &Idp) -> JwtSettings {
     }
 }
 
+/// The verifier as `serve` builds it: constructed, then its keys loaded once.
+async fn loaded(s: JwtSettings) -> Result<JwtVerifier, String> {
+    let v = JwtVerifier::new(s)?;
+    v.load_keys().await?;
+    Ok(v)
+}
+
 async fn verifier(idp: &Idp) -> JwtVerifier {
-    JwtVerifier::new(settings(idp)).await.unwrap()
+    loaded(settings(idp)).await.unwrap()
 }
 
 // ---- tests ------------------------------------------------------------------------------
@@ -291,7 +298,7 @@ async fn cached_token_does_not_outlive_exp() {
     let idp = Idp::start(&[&ed]).await;
     let mut s = settings(&idp);
     s.leeway_seconds = 0;
-    let v = JwtVerifier::new(s).await.unwrap();
+    let v = loaded(s).await.unwrap();
     let exp = unix_now() + 2;
     let token = ed.access_token(&idp, json!({ "exp": exp }));
     assert!(v.verify(&token).await.is_some());
@@ -307,7 +314,7 @@ async fn refresh_loop_swaps_keys_and_keeps_the_last_good_set() {
     let idp = Idp::start(&[&old]).await;
     let mut s = settings(&idp);
     s.jwks_refresh = Duration::from_millis(100);
-    let v = Arc::new(JwtVerifier::new(s).await.unwrap());
+    let v = Arc::new(loaded(s).await.unwrap());
     let old_token = old.access_token(&idp, json!({}));
     assert!(v.verify(&old_token).await.is_some()); // now cached
     let refresher = tokio::spawn(v.clone().refresh_loop());
@@ -344,7 +351,7 @@ async fn start_up_fails_with_a_clear_reason() {
     let idp = Idp::start(&[&rsa]).await;
     let mut s = settings(&idp);
     s.jwks_uri = Some(format!("{}/jwks", idp.issuer));
-    assert!(JwtVerifier::new(s).await.is_ok());
+    assert!(loaded(s).await.is_ok());
     assert_eq!(
         idp.discovery_hits.load(Ordering::SeqCst),
         0,
@@ -352,46 +359,76 @@ async fn start_up_fails_with_a_clear_reason() {
     );
 
     *idp.claimed_issuer.lock().unwrap() = Some(format!("{}/", idp.issuer));
-    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    let e = loaded(settings(&idp)).await.err().unwrap();
     assert!(e.contains("not the configured"), "{e}");
     *idp.claimed_issuer.lock().unwrap() = None;
 
     idp.set_jwks(json!({"keys": [{"kty": "oct", "kid": "h", "k": "c2VjcmV0"}]}).to_string());
-    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    let e = loaded(settings(&idp)).await.err().unwrap();
     assert!(e.contains("no usable signing key"), "{e}");
 
     idp.set_jwks(format!(
         "{{\"keys\": [], \"pad\": \"{}\"}}",
         "x".repeat(2 << 20)
     ));
-    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    let e = loaded(settings(&idp)).await.err().unwrap();
     assert!(e.contains("larger than"), "{e}");
     idp.no_length.store(true, Ordering::SeqCst);
-    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    let e = loaded(settings(&idp)).await.err().unwrap();
     assert!(e.contains("larger than"), "{e}");
     idp.no_length.store(false, Ordering::SeqCst);
 
     idp.jwks_status.store(503, Ordering::SeqCst);
-    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    let e = loaded(settings(&idp)).await.err().unwrap();
     assert!(e.contains("HTTP 503"), "{e}");
 
     let mut s = settings(&idp);
     s.leeway_seconds = u64::MAX;
-    assert!(JwtVerifier::new(s).await.is_err());
+    assert!(loaded(s).await.is_err());
 
     // Nothing listening.
     let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut s = settings(&idp);
     s.issuer = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let e = JwtVerifier::new(s).await.err().unwrap();
+    let e = loaded(s.clone()).await.err().unwrap();
     assert!(e.contains("discovery failed"), "{e}");
+    // ...which does not stop the verifier from being built: only configuration errors do.
+    assert!(JwtVerifier::new(s).is_ok());
 
     // An issuer that never answers: bounded by the fetch timeout.
     idp.hang.store(true, Ordering::SeqCst);
     let started = std::time::Instant::now();
-    let e = JwtVerifier::new(settings(&idp)).await.err().unwrap();
+    let e = loaded(settings(&idp)).await.err().unwrap();
     assert!(started.elapsed() < Duration::from_secs(7), "{e}");
+}
+
+#[tokio::test]
+async fn an_issuer_down_at_start_up_is_retried_with_backoff_until_it_answers() {
+    let rsa = TestKey::rsa("r1");
+    let idp = Idp::start(&[&rsa]).await;
+    idp.jwks_status.store(503, Ordering::SeqCst);
+    let v = Arc::new(JwtVerifier::new(settings(&idp)).unwrap());
+    assert!(v.load_keys().await.unwrap_err().contains("HTTP 503"));
+    assert!(!v.has_keys());
+    let token = rsa.access_token(&idp, json!({}));
+    assert!(v.verify(&token).await.is_none(), "no keys yet: refused");
+    // The refresh period is 300 s: only the start-up backoff (1 s, 2 s, ...) can fetch soon.
+    let refresher = tokio::spawn(v.clone().refresh_loop());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let failed_retries = idp.jwks_hits();
+    assert!(
+        failed_retries >= 3,
+        "retried after 1 s: {failed_retries} fetches"
+    );
+    idp.jwks_status.store(0, Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while !v.has_keys() {
+        assert!(std::time::Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(v.verify(&token).await.is_some());
+    refresher.abort();
 }
 
 /// `new` runs in a start-up runtime that is dropped before `verify` runs in another one.
@@ -401,7 +438,7 @@ fn fetches_still_work_after_the_start_up_runtime_is_gone() {
     let server = tokio::runtime::Runtime::new().unwrap();
     let idp = server.block_on(Idp::start(&[&old]));
     let start_up = tokio::runtime::Runtime::new().unwrap();
-    let v = start_up.block_on(JwtVerifier::new(settings(&idp))).unwrap();
+    let v = start_up.block_on(loaded(settings(&idp))).unwrap();
     drop(start_up);
     idp.set_keys(&[&old, &new]);
     let serving = tokio::runtime::Runtime::new().unwrap();
