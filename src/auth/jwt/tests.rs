@@ -404,6 +404,32 @@ async fn start_up_fails_with_a_clear_reason() {
 }
 
 #[tokio::test]
+async fn a_key_replaced_under_the_same_kid_voids_tokens_it_verified() {
+    let (old, replacement) = (TestKey::rsa("k1"), TestKey::rsa("k1"));
+    let idp = Idp::start(&[&old]).await;
+    let mut s = settings(&idp);
+    s.jwks_refresh = Duration::from_millis(100);
+    let v = Arc::new(loaded(s).await.unwrap());
+    let old_token = old.access_token(&idp, json!({}));
+    assert!(v.verify(&old_token).await.is_some()); // now cached
+    idp.set_keys(&[&replacement]);
+    let hits = idp.jwks_hits();
+    let refresher = tokio::spawn(v.clone().refresh_loop());
+    while idp.jwks_hits() < hits + 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        v.verify(&old_token).await.is_none(),
+        "a token verified by the replaced key material was still served from the cache"
+    );
+    assert!(v
+        .verify(&replacement.access_token(&idp, json!({})))
+        .await
+        .is_some());
+    refresher.abort();
+}
+
+#[tokio::test]
 async fn an_issuer_down_at_start_up_is_retried_with_backoff_until_it_answers() {
     let rsa = TestKey::rsa("r1");
     let idp = Idp::start(&[&rsa]).await;
