@@ -5,6 +5,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod errors;
+pub mod logging;
 pub mod metrics;
 pub mod proxy;
 pub mod rate_limit;

@@ -21,7 +21,7 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::metrics::{Metrics, MetricsApp};
 use crate::proxy::Gateway;
-use crate::shutdown::{Connections, Drain, Tracked};
+use crate::shutdown::{Connections, Drain, Tracked, Watchdog};
 
 pub struct ServeOptions {
     pub daemon: bool,
@@ -110,6 +110,15 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
         "drain",
         Drain {
             connections,
+            access_log: access_log.clone(),
+        },
+    ));
+    server.add_service(background_service(
+        "shutdown watchdog",
+        Watchdog {
+            phases: std::sync::Mutex::new(Some(server.watch_execution_phase())),
+            grace: Duration::from_secs(config.server.grace_period_seconds),
+            graceful_timeout: Duration::from_secs(config.server.graceful_shutdown_timeout_seconds),
             access_log: access_log.clone(),
         },
     ));

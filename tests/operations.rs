@@ -174,8 +174,7 @@ fn an_upgrade_hands_over_the_sockets_without_failing_a_request_and_the_old_proce
     let traffic = Traffic::start(gw.port, &key);
     // ~10 s: it outlives Pingora's fixed 5 s hand-over window, so the old process must drain it.
     let stream = open_stream(gw.port, &key, 100, 100);
-    let mut new = gw.spawn_serve(&gw.config, &["-u"], "new.log");
-    thread::sleep(Duration::from_millis(500));
+    let mut new = gw.spawn_upgrade(&gw.config);
     let quit = Instant::now();
     gw.signal("QUIT");
 
@@ -230,8 +229,7 @@ fn an_upgrade_applies_a_changed_config() {
             up.url("/emb")
         );
     std::fs::write(&changed, text).unwrap();
-    let mut new = gw.spawn_serve(&changed, &["-u"], "new.log");
-    thread::sleep(Duration::from_millis(300));
+    let mut new = gw.spawn_upgrade(&changed);
     gw.signal("QUIT");
     assert!(
         gw.wait_exit(Duration::from_secs(30)).is_some(),
@@ -408,4 +406,121 @@ fn config_test_flag_accepts_a_good_file_and_lists_every_problem_in_a_bad_one() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("bad.toml: line 2, column"), "{stderr}");
+}
+
+/// The demo upstream as a child process on a free port: unlike the in-process recording
+/// upstream it can die (SIGKILL) at the same moment the gateway is signalled.
+struct DyingUpstream {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl DyingUpstream {
+    fn start() -> DyingUpstream {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("python3")
+            .args(["demo/upstream.py", "--port", "0", "--token-delay-ms", "20"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 runs the demo upstream");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("LISTENING ")
+            .unwrap()
+            .parse()
+            .unwrap();
+        DyingUpstream { child, port }
+    }
+}
+
+impl Drop for DyingUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The most times one log message (timestamp aside) was written.
+fn most_repeated_line(log: &str) -> (usize, String) {
+    let mut counts = std::collections::HashMap::<&str, usize>::new();
+    for line in log.lines() {
+        let message = line.split_once("] ").map_or(line, |(_, m)| m);
+        *counts.entry(message).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(m, n)| (n, m.to_string()))
+        .unwrap_or_default()
+}
+
+/// Signals in the middle of traffic with the upstream dying at the same moment, SIGINT and
+/// SIGTERM in turn, many times: every time the process exits within its bound (a fast stop
+/// within 2 s; a graceful one within grace_period + graceful_shutdown_timeout), and no line
+/// is logged more than a few times a second.
+#[test]
+fn shutdown_under_load_with_a_dying_upstream_always_ends_in_time_without_a_log_flood() {
+    const GRACE: u64 = 2;
+    const GRACEFUL_TIMEOUT: u64 = 1; // the harness's graceful_shutdown_timeout_seconds
+    for round in 0..12 {
+        let upstream = DyingUpstream::start();
+        let mut gw = Gateway::builder()
+            .service(Service::new(
+                "infer",
+                format!("http://127.0.0.1:{}", upstream.port),
+            ))
+            .grace_period(GRACE)
+            .start();
+        let started = Instant::now();
+        let (key, _) = gw.create_key("infer", &[]);
+        let traffic = Traffic::start(gw.port, &key);
+        let streams: Vec<_> = (0..4)
+            .map(|_| {
+                let (port, key) = (gw.port, key.clone());
+                thread::spawn(move || {
+                    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}"#;
+                    let req = format!(
+                        "POST /v1/infer/v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = common::try_raw(port, req.as_bytes());
+                })
+            })
+            .collect();
+        thread::sleep(Duration::from_millis(150 + 50 * (round % 4)));
+        let (signal, bound) = if round % 2 == 0 {
+            ("INT", Duration::from_secs(2))
+        } else {
+            ("TERM", Duration::from_secs(GRACE + GRACEFUL_TIMEOUT))
+        };
+        drop(upstream);
+        let signalled = Instant::now();
+        gw.signal(signal);
+        let exited = gw.wait_exit(bound + Duration::from_secs(2));
+        let took = signalled.elapsed();
+        let _ = traffic.finish();
+        for s in streams {
+            let _ = s.join();
+        }
+        let log = gw.log();
+        assert!(
+            exited.is_some(),
+            "round {round}: still running {took:?} after SIG{signal}:\n{}",
+            &log[log.len().saturating_sub(3000)..]
+        );
+        let lifetime = started.elapsed().as_secs() as usize + 1;
+        let (n, line) = most_repeated_line(&log);
+        assert!(
+            n <= 6 * lifetime,
+            "round {round}: `{line}` logged {n} times in {lifetime} s"
+        );
+        eprintln!(
+            "round {round}: SIG{signal}, exited after {took:?}; most repeated line x{n}: {line}"
+        );
+    }
 }

@@ -299,6 +299,33 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// Starts the new process of a graceful upgrade (`serve -u`) and returns once it listens
+    /// on `upgrade_sock`, ready for the old one's sockets: the same wait as the systemd unit's
+    /// ExecReload, so SIGQUIT is never sent to a process with nobody to hand over to.
+    pub fn spawn_upgrade(&self, config: &Path) -> Proc {
+        use std::os::unix::fs::FileTypeExt;
+        let sock = self.dir.path().join("upgrade.sock");
+        let _ = std::fs::remove_file(&sock);
+        let mut new = self.spawn_serve(config, &["-u"], "new.log");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::fs::metadata(&sock).is_ok_and(|m| m.file_type().is_socket()) {
+            assert!(
+                new.wait_exit(Duration::ZERO).is_none(),
+                "the new process exited:\n{}",
+                new.log()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "no upgrade socket:\n{}",
+                new.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        new
+    }
+}
+
 impl Proc {
     pub fn pid(&self) -> u32 {
         self.child.id()
