@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all build deps test-deps run test bench fmt lint clean
+.PHONY: all build deps test-deps run test bench fuzz fmt lint clean
 
 all: build
 
@@ -29,7 +29,13 @@ test-deps: deps
 test: test-deps
 	$(CARGO) test --lib --bins --tests -- --test-threads=4
 	$(CARGO) test --bench auth
+	scripts/fuzz.sh smoke
 	scripts/sdk-tests.sh
+
+# Coverage-guided fuzzing of every parser that reads client bytes: 10 million executions or
+# 30 minutes per target (FUZZ_RUNS, FUZZ_SECONDS). Installs cargo-fuzz when missing.
+fuzz: deps
+	scripts/fuzz.sh run
 
 # Criterion micro-benchmarks of authentication, then the load benchmark on loopback against
 # the upstream direct and nginx (scripts/loadbench.sh installs wrk and nginx when missing).

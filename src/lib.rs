@@ -5,6 +5,8 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod errors;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;

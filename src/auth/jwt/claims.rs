@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
-pub struct Claims {
+pub(crate) struct Claims {
     pub sub: String,
     exp: serde_json::Number,
     /// RFC 9068 / RFC 6749: one space-separated string.

@@ -2,7 +2,7 @@
 //! JWKS. Keys are fetched at start-up, refreshed periodically and refetched on an unknown
 //! `kid`; verified tokens are cached by their SHA-256 until their `exp`.
 
-mod claims;
+pub(crate) mod claims;
 mod fetch;
 mod keys;
 #[cfg(test)]
@@ -20,7 +20,8 @@ use super::token::MAX_TOKEN_LEN;
 use super::{unix_now, Principal, PrincipalKind};
 use crate::config::JwtSettings;
 use claims::Claims;
-use keys::{KeySet, MAX_KID_LEN};
+use keys::KeySet;
+pub use keys::MAX_KID_LEN;
 
 /// Least time between two refetches caused by unknown `kid`s, so random kids cannot hammer
 /// the issuer. A genuinely new key may thus wait this long after a burst of bogus ones.
@@ -229,32 +230,15 @@ impl JwtVerifier {
     }
 
     async fn check(&self, token: &str) -> Result<Verified, String> {
-        let header = decode_header(token).map_err(|e| format!("header: {e}"))?;
-        let alg = header.alg;
-        let (_, validation) = self
+        let (alg, kid) = check_header(token, &self.settings.token_types, |alg| {
+            self.validations.iter().any(|(allowed, _)| *allowed == alg)
+        })?;
+        let kid = kid.as_str();
+        let validation = self
             .validations
             .iter()
-            .find(|(allowed, _)| *allowed == alg)
-            .ok_or_else(|| format!("alg {alg:?} is not allowed"))?;
-        // RFC 7515 §4.1.11: extensions we do not understand must void the token; we know none.
-        if header.crit.is_some() {
-            return Err("`crit` header".into());
-        }
-        // RFC 9068 §4: an ID token or other JWT must not pass as an access token.
-        let typ_ok = header.typ.as_deref().is_some_and(|typ| {
-            self.settings
-                .token_types
-                .iter()
-                .any(|t| t.eq_ignore_ascii_case(typ))
-        });
-        if !typ_ok {
-            return Err("`typ` missing or not an access-token type".into());
-        }
-        // Only keys we fetched ourselves: `jku`, `x5u`, `x5c` and `jwk` headers are ignored.
-        let kid = match header.kid.as_deref() {
-            Some(kid) if !kid.is_empty() && kid.len() <= MAX_KID_LEN => kid,
-            _ => return Err("`kid` missing or too long".into()),
-        };
+            .find_map(|(allowed, v)| (*allowed == alg).then_some(v))
+            .ok_or("alg not allowed")?;
         let mut keys = self.current_keys();
         if keys.find(kid, alg).is_none() {
             keys = self.refetch_for_unknown_kid(&keys).await;
@@ -327,6 +311,38 @@ impl JwtVerifier {
             self.cache.invalidate_all();
         }
         set
+    }
+}
+
+/// What a token's header must say before any key is looked up or any signature checked: an
+/// allowed `alg`, no `crit`, an access-token `typ` and a `kid` of sane length. The `alg` and
+/// `kid` to look the key up by, or why the token is refused.
+pub fn check_header(
+    token: &str,
+    token_types: &[String],
+    allowed: impl Fn(Algorithm) -> bool,
+) -> Result<(Algorithm, String), String> {
+    let header = decode_header(token).map_err(|e| format!("header: {e}"))?;
+    let alg = header.alg;
+    if !allowed(alg) {
+        return Err(format!("alg {alg:?} is not allowed"));
+    }
+    // RFC 7515 §4.1.11: extensions we do not understand must void the token; we know none.
+    if header.crit.is_some() {
+        return Err("`crit` header".into());
+    }
+    // RFC 9068 §4: an ID token or other JWT must not pass as an access token.
+    let typ_ok = header
+        .typ
+        .as_deref()
+        .is_some_and(|typ| token_types.iter().any(|t| t.eq_ignore_ascii_case(typ)));
+    if !typ_ok {
+        return Err("`typ` missing or not an access-token type".into());
+    }
+    // Only keys we fetched ourselves: `jku`, `x5u`, `x5c` and `jwk` headers are ignored.
+    match header.kid {
+        Some(kid) if !kid.is_empty() && kid.len() <= MAX_KID_LEN => Ok((alg, kid)),
+        _ => Err("`kid` missing or too long".into()),
     }
 }
 

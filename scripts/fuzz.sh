@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of every parser that reads client bytes (fuzz/fuzz_targets).
+#   scripts/fuzz.sh run   [TARGET...]  long runs: FUZZ_RUNS executions or FUZZ_SECONDS each
+#   scripts/fuzz.sh smoke [TARGET...]  a few seconds each, from the committed corpus (make test)
+# Seeds live in fuzz/corpus/<target> (committed, small); what libFuzzer finds goes to
+# fuzz/work/<target> (ignored); crashes land in fuzz/artifacts/<target> and, once fixed, are
+# committed to fuzz/regressions/<target> so the corpus replay in `make test` keeps them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-run}; shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(path_classifier bearer_token api_key jwt_precheck config_loader access_log_json)
+
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+  echo "installing cargo-fuzz (crates.io)"
+  cargo install cargo-fuzz --locked --quiet
+fi
+# -s none: no sanitizer, so the stable toolchain builds it (Rust code; ASan needs nightly).
+(cd fuzz && cargo fuzz build -s none -O)
+
+case "$mode" in
+  run)   limits=(-runs="${FUZZ_RUNS:-10000000}" -max_total_time="${FUZZ_SECONDS:-1800}") ;;
+  smoke) limits=(-max_total_time="${FUZZ_SMOKE_SECONDS:-4}") ;;
+  *) echo "usage: $0 run|smoke [TARGET...]" >&2; exit 2 ;;
+esac
+for t in "${targets[@]}"; do
+  mkdir -p "fuzz/work/$t" "fuzz/regressions/$t"
+  echo "== $t ($mode)"
+  (cd fuzz && cargo fuzz run -s none -O "$t" "work/$t" "corpus/$t" "regressions/$t" -- \
+      "${limits[@]}" -print_final_stats=1 2>&1) | tee "fuzz/work/$t.log" \
+      | grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss|Done|==|INFO: Loaded|.*(ERROR|panicked|deadly signal))" || true
+  if grep -qE "ERROR: libFuzzer|panicked|deadly signal" "fuzz/work/$t.log"; then
+    echo "fuzz target $t failed: see fuzz/work/$t.log and fuzz/artifacts/$t" >&2
+    exit 1
+  fi
+done
