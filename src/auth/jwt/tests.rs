@@ -308,15 +308,22 @@ async fn cached_token_does_not_outlive_exp() {
     assert!(v.verify(&token).await.is_none());
 }
 
-#[tokio::test]
-async fn refresh_loop_swaps_keys_and_keeps_the_last_good_set() {
-    let (old, new) = (TestKey::rsa("old"), TestKey::ec("new"));
-    let idp = Idp::start(&[&old]).await;
+/// An IdP serving `key`, a verifier refreshing every 100 ms (loop not started), and a token
+/// of `key` it has verified and cached.
+async fn cached_token_with_fast_refresh(key: &TestKey) -> (Arc<Idp>, Arc<JwtVerifier>, String) {
+    let idp = Idp::start(&[key]).await;
     let mut s = settings(&idp);
     s.jwks_refresh = Duration::from_millis(100);
     let v = Arc::new(loaded(s).await.unwrap());
-    let old_token = old.access_token(&idp, json!({}));
-    assert!(v.verify(&old_token).await.is_some()); // now cached
+    let token = key.access_token(&idp, json!({}));
+    assert!(v.verify(&token).await.is_some());
+    (idp, v, token)
+}
+
+#[tokio::test]
+async fn refresh_loop_swaps_keys_and_keeps_the_last_good_set() {
+    let (old, new) = (TestKey::rsa("old"), TestKey::ec("new"));
+    let (idp, v, old_token) = cached_token_with_fast_refresh(&old).await;
     let refresher = tokio::spawn(v.clone().refresh_loop());
 
     let wait_for_hits = |n: usize| {
@@ -406,12 +413,7 @@ async fn start_up_fails_with_a_clear_reason() {
 #[tokio::test]
 async fn a_key_replaced_under_the_same_kid_voids_tokens_it_verified() {
     let (old, replacement) = (TestKey::rsa("k1"), TestKey::rsa("k1"));
-    let idp = Idp::start(&[&old]).await;
-    let mut s = settings(&idp);
-    s.jwks_refresh = Duration::from_millis(100);
-    let v = Arc::new(loaded(s).await.unwrap());
-    let old_token = old.access_token(&idp, json!({}));
-    assert!(v.verify(&old_token).await.is_some()); // now cached
+    let (idp, v, old_token) = cached_token_with_fast_refresh(&old).await;
     idp.set_keys(&[&replacement]);
     let hits = idp.jwks_hits();
     let refresher = tokio::spawn(v.clone().refresh_loop());
