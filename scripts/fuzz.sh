@@ -28,7 +28,7 @@ for t in "${targets[@]}"; do
   echo "== $t ($mode)"
   (cd fuzz && cargo fuzz run -s none -O "$t" "work/$t" "corpus/$t" "regressions/$t" -- \
       "${limits[@]}" -print_final_stats=1 2>&1) | tee "fuzz/work/$t.log" \
-      | grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss|Done|==|INFO: Loaded|.*(ERROR|panicked|deadly signal))" || true
+      | grep -E "^(#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|Done|==|.*(ERROR|panicked|deadly signal))" || true
   if grep -qE "ERROR: libFuzzer|panicked|deadly signal" "fuzz/work/$t.log"; then
     echo "fuzz target $t failed: see fuzz/work/$t.log and fuzz/artifacts/$t" >&2
     exit 1

@@ -46,7 +46,12 @@ impl Claims {
                 }
             }
         }
-        all.into_iter().map(Box::from).collect()
+        // Only well-formed scope tokens (RFC 6749 §3.3): an array element such as "\nx" or
+        // "a b" is not a scope (fuzzing found one carried through as given).
+        all.into_iter()
+            .filter(|s| crate::auth::is_scope_token(s))
+            .map(Box::from)
+            .collect()
     }
 }
 
@@ -80,6 +85,11 @@ mod tests {
             ))
             .unwrap(),
             ["a", "b", "c", "d"]
+        );
+        // Array elements that are not one scope token are dropped, not kept as given.
+        assert_eq!(
+            scopes(base(json!({"scp": ["\nx", "a b", "q\"", "ok", "\u{1}"]}))).unwrap(),
+            ["ok"]
         );
         assert_eq!(
             scopes(base(
