@@ -108,6 +108,9 @@ fn an_expired_key_is_refused() {
     assert_eq!(status(&gw, "/v1/infer/x", &key), 401);
 }
 
+/// Removing the files leaves the gateway's open connections on the unlinked database, so the
+/// store answers "unknown" rather than failing; a store that really fails is tested in
+/// `src/auth/api_keys/tests.rs` (a_down_store_answers_at_once_and_is_asked_at_most_once_a_second).
 #[test]
 fn cached_keys_are_still_served_when_the_store_file_is_removed() {
     let up = Upstream::start();
