@@ -146,10 +146,24 @@ impl ConfigError {
     }
 }
 
+/// A problem as one line: values echoed from the file may hold newlines or other control
+/// characters (found by fuzzing), which are shown escaped.
+fn one_line(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A TOML syntax or shape error on one line: toml's own message draws the source over
 /// several lines, which a one-line reason on stderr cannot carry.
 fn toml_problem(shown: &str, text: &str, e: &toml::de::Error) -> String {
-    let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    let message = one_line(&e.message().split_whitespace().collect::<Vec<_>>().join(" "));
     match e.span() {
         Some(span) => {
             let before = &text.as_bytes()[..span.start.min(text.len())];
@@ -304,7 +318,8 @@ struct Validator<'a> {
 
 impl Validator<'_> {
     fn problem(&mut self, key: &str, what: impl fmt::Display) {
-        self.problems.push(format!("{}: {key}: {what}", self.file));
+        self.problems
+            .push(one_line(&format!("{}: {key}: {what}", self.file)));
     }
 
     fn expand(&mut self, key: &str, value: &str) -> Option<String> {

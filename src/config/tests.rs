@@ -174,6 +174,18 @@ fn a_scope_must_be_one_scope_token() {
 }
 
 #[test]
+fn values_echoed_in_problems_cannot_break_the_line() {
+    // Found by the config_loader fuzz target.
+    let e =
+        parse("[services.infer]\nupstream = \"http:000/fed_\\nt \\u001b[31m\"\nscope = \"a\"\n")
+            .unwrap_err();
+    assert_eq!(e.problems.len(), 1);
+    let p = &e.problems[0];
+    assert!(!p.chars().any(char::is_control), "{p:?}");
+    assert!(p.contains("http:000/fed_\\nt \\u{1b}[31m"), "{p}");
+}
+
+#[test]
 fn toml_errors_and_summaries_are_one_line() {
     let e =
         parse("[services.a]\nupstream = \"http://127.0.0.1:1\"\nscope = = \"a\"\n").unwrap_err();
