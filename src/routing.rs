@@ -96,7 +96,7 @@ fn hex(b: u8) -> Option<u8> {
     (b as char).to_digit(16).map(|d| d as u8)
 }
 
-/// Rejects control characters, backslashes, encoded `/` and `\\` and dot segments,
+/// Rejects control characters, backslashes, encoded `/` and `\` and dot segments,
 /// raw or percent-encoded: anything an upstream might resolve differently than we route.
 /// A segment's `;params` (RFC 3986 §3.3) do not hide a dot segment: Tomcat, Jetty and Spring
 /// cut them off and then treat `..;x` as `..`, so what counts is the part before the first

@@ -52,6 +52,11 @@ impl KeyStore for FakeStore {
     }
 }
 
+/// A verifier over `store` whose positive and negative entries both live `ttl` seconds.
+fn verifier_over(store: Arc<dyn KeyStore>, ttl: u64) -> ApiKeyVerifier {
+    ApiKeyVerifier::new(store, Duration::from_secs(ttl), Duration::from_secs(ttl))
+}
+
 fn split(token: &str) -> (KeyId, String) {
     match classify(token) {
         Some(Bearer::ApiKey { key_id, secret }) => (key_id, secret.to_string()),
@@ -64,11 +69,7 @@ async fn setup(ttl: u64) -> (Arc<FakeStore>, ApiKeyVerifier, String) {
     let key = create_key(&*store, "t", vec!["infer".into()], None)
         .await
         .unwrap();
-    let verifier = ApiKeyVerifier::new(
-        store.clone(),
-        Duration::from_secs(ttl),
-        Duration::from_secs(ttl),
-    );
+    let verifier = verifier_over(store.clone(), ttl);
     (store, verifier, key.token)
 }
 
@@ -156,11 +157,7 @@ async fn expired_keys_are_refused_even_while_cached() {
     let key = create_key(&*store, "t", vec![], Some(Duration::from_secs(2)))
         .await
         .unwrap();
-    let verifier = ApiKeyVerifier::new(
-        store.clone(),
-        Duration::from_secs(60),
-        Duration::from_secs(60),
-    );
+    let verifier = verifier_over(store.clone(), 60);
     let (id, secret) = split(&key.token);
     assert!(verifier.verify(id, &secret).await.is_some());
     let expires_at = key.record.expires_at.unwrap();
@@ -229,11 +226,7 @@ async fn a_down_store_answers_at_once_and_is_asked_at_most_once_a_second() {
     let later = create_key(&*store, "later", vec!["infer".into()], None)
         .await
         .unwrap();
-    let v = ApiKeyVerifier::new(
-        store.clone(),
-        Duration::from_secs(60),
-        Duration::from_secs(60),
-    );
+    let v = verifier_over(store.clone(), 60);
     let (cached_id, cached_secret) = split(&cached.token);
     assert!(v.verify(cached_id, &cached_secret).await.is_some());
 
