@@ -70,6 +70,11 @@ def embed(text):
     return [round(v / norm, 6) for v in vec]
 
 
+def received_model(body):
+    model = body.get("model")
+    return model if isinstance(model, str) else "(none received)"
+
+
 def error_body(message):
     return {"error": {"message": message, "type": "invalid_request_error"}}
 
@@ -191,7 +196,8 @@ class Handler(BaseHTTPRequestHandler):
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise BadRequest("'messages' must be an array of message objects")
-        model = body.get("model") or CHAT_MODEL
+        # Echo exactly what arrived, so the gateway's model policy shows in the answer.
+        model = received_model(body)
         user = [m for m in messages if m.get("role") == "user"]
         answer_frags = fragments("Echo: " + (content_text(user[-1].get("content")) if user else ""))
         finish = "stop"
@@ -273,7 +279,7 @@ class Handler(BaseHTTPRequestHandler):
                 vec = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode("ascii")
             data.append({"object": "embedding", "index": i, "embedding": vec})
         n = sum(max(len(fragments(t)), 1) for t in texts)
-        self.send_json(200, {"object": "list", "data": data, "model": body.get("model") or EMB_MODEL,
+        self.send_json(200, {"object": "list", "data": data, "model": received_model(body),
                              "usage": {"prompt_tokens": n, "total_tokens": n}})
 
 

@@ -55,6 +55,11 @@ pub struct Entry<'a> {
     pub principal_id: Option<&'a str>,
     /// Why authentication failed: `missing`, `malformed`, `api_key` or `jwt`.
     pub auth_failure: Option<&'static str>,
+    /// On `api = "openai"` chat/embeddings calls: the model after the policy, and the
+    /// usage the upstream reported; null when unknown.
+    pub model: Option<&'a str>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
 }
 
 impl<'a> Entry<'a> {
@@ -66,6 +71,7 @@ impl<'a> Entry<'a> {
     ) -> Entry<'a> {
         let req = session.req_header();
         let elapsed = ctx.start.elapsed();
+        let usage = ctx.openai.as_ref().and_then(|x| x.usage());
         Entry {
             time: rfc3339_millis(SystemTime::now() - elapsed),
             request_id: ctx.request_id.as_str(),
@@ -84,6 +90,9 @@ impl<'a> Entry<'a> {
             principal_kind: ctx.principal.as_ref().map(|p| p.kind.as_str()),
             principal_id: ctx.principal.as_ref().map(|p| &*p.id),
             auth_failure: ctx.auth_failure.map(|f| f.as_str()),
+            model: ctx.openai.as_ref().and_then(|x| x.model.as_deref()),
+            prompt_tokens: usage.and_then(|u| u.prompt_tokens),
+            completion_tokens: usage.and_then(|u| u.completion_tokens),
         }
     }
 

@@ -8,6 +8,9 @@ use pingora::proxy::Session;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GatewayError {
     BadRequest(Malformed),
+    /// A chat or embeddings body refused by validation; the message naming the field is
+    /// given to `respond_with_message`.
+    InvalidBody,
     Unauthorized,
     Forbidden,
     NotFound,
@@ -39,7 +42,7 @@ pub const ALLOWED_METHODS: &str = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
 impl GatewayError {
     pub fn status(self) -> u16 {
         match self {
-            GatewayError::BadRequest(_) => 400,
+            GatewayError::BadRequest(_) | GatewayError::InvalidBody => 400,
             GatewayError::Unauthorized => 401,
             GatewayError::Forbidden => 403,
             GatewayError::NotFound => 404,
@@ -79,6 +82,9 @@ impl GatewayError {
             }
             GatewayError::BadRequest(Malformed::Framing) => {
                 br#"{"error":"bad_request","message":"malformed request"}"#
+            }
+            GatewayError::InvalidBody => {
+                br#"{"error":"bad_request","message":"invalid request body"}"#
             }
             GatewayError::Unauthorized => br#"{"error":"unauthorized"}"#,
             GatewayError::Forbidden => {
@@ -133,6 +139,22 @@ impl GatewayError {
         }
     }
 
+    /// The error code of `body()`, for a body built with a message of the moment.
+    fn code(self) -> &'static str {
+        match self {
+            GatewayError::BadRequest(_) | GatewayError::InvalidBody => "bad_request",
+            GatewayError::Unauthorized => "unauthorized",
+            GatewayError::Forbidden => "forbidden",
+            GatewayError::NotFound => "not_found",
+            GatewayError::MethodNotAllowed => "method_not_allowed",
+            GatewayError::PayloadTooLarge => "payload_too_large",
+            GatewayError::RateLimited(_) => "rate_limited",
+            GatewayError::BadGateway => "bad_gateway",
+            GatewayError::GatewayTimeout => "gateway_timeout",
+            GatewayError::Internal => "internal_error",
+        }
+    }
+
     /// Writes the response with the headers every local response carries.
     pub async fn respond(
         self,
@@ -140,7 +162,25 @@ impl GatewayError {
         request_id: &str,
         head_only: bool,
     ) -> pingora::Result<()> {
-        let body = self.body();
+        self.respond_with_message(session, request_id, head_only, None)
+            .await
+    }
+
+    /// As `respond`, with `message` (about the client's own input) instead of the fixed one.
+    /// Never for a 401, whose body is pinned.
+    pub async fn respond_with_message(
+        self,
+        session: &mut Session,
+        request_id: &str,
+        head_only: bool,
+        message: Option<&str>,
+    ) -> pingora::Result<()> {
+        let body = match message {
+            Some(message) if self != GatewayError::Unauthorized => Bytes::from(
+                serde_json::json!({ "error": self.code(), "message": message }).to_string(),
+            ),
+            _ => self.body(),
+        };
         let mut header = ResponseHeader::build(self.status(), Some(5))?;
         header.insert_header("content-type", "application/json")?;
         header.insert_header("content-length", body.len())?;

@@ -263,6 +263,9 @@ pub fn access_log_json(data: &[u8]) {
         principal_kind: None,
         principal_id: Some(&id),
         auth_failure: None,
+        model: Some(&id),
+        prompt_tokens: Some(1),
+        completion_tokens: None,
     };
     let line = entry.to_line();
     assert_eq!(line.last(), Some(&b'\n'));

@@ -31,6 +31,7 @@ pub struct Metrics {
     upstream_errors: IntCounterVec,
     key_store_lookups: IntCounterVec,
     jwks_fetches: IntCounterVec,
+    tokens: IntCounterVec,
 }
 
 impl Metrics {
@@ -104,8 +105,17 @@ impl Metrics {
             &["result"],
         )
         .expect("valid metric");
+        let tokens = IntCounterVec::new(
+            Opts::new(
+                "portcullis_tokens_total",
+                "Tokens reported by the upstream's `usage` on api = \"openai\" services, by service and kind (prompt, completion).",
+            ),
+            &["service", "kind"],
+        )
+        .expect("valid metric");
         for m in [
-            Box::new(upstream_errors.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(tokens.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(upstream_errors.clone()),
             Box::new(key_store_lookups.clone()),
             Box::new(jwks_fetches.clone()),
             Box::new(requests.clone()),
@@ -128,6 +138,7 @@ impl Metrics {
             upstream_errors,
             key_store_lookups,
             jwks_fetches,
+            tokens,
         }
     }
 
@@ -159,6 +170,15 @@ impl Metrics {
         }
         if let Some(kind) = auth_failure {
             self.auth_failures.with_label_values(&[kind.as_str()]).inc();
+        }
+    }
+
+    /// Usage as the upstream reported it; a kind it did not report is not counted.
+    pub fn tokens(&self, service: &str, prompt: Option<u64>, completion: Option<u64>) {
+        for (kind, n) in [("prompt", prompt), ("completion", completion)] {
+            if let Some(n) = n {
+                self.tokens.with_label_values(&[service, kind]).inc_by(n);
+            }
         }
     }
 

@@ -96,4 +96,15 @@ pub struct Service {
     pub ca_file: Option<String>,
     #[serde(default)]
     pub upstream_headers: BTreeMap<String, String>,
+    /// `openai`: the gateway reads chat/embeddings request bodies on this service.
+    pub api: Option<String>,
+    pub models: Option<Models>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Models {
+    pub default: Option<String>,
+    #[serde(default)]
+    pub aliases: BTreeMap<String, String>,
 }

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
 
+use crate::model_policy::Models;
+
 pub use env::expand as expand_env;
 
 #[derive(Debug, Clone)]
@@ -107,6 +109,9 @@ pub struct ServiceConfig {
     pub rate_limit_per_minute: Option<u32>,
     /// DER certificates from `ca_file`: the only roots trusted for this upstream when set.
     pub ca_certs: Option<Vec<Vec<u8>>>,
+    /// Set by `api = "openai"`: chat and embeddings bodies are validated and the model policy
+    /// applied. `None`: bodies are never read.
+    pub openai: Option<Models>,
 }
 
 #[derive(Debug, Clone)]
@@ -630,6 +635,7 @@ impl Validator<'_> {
                 self.problem(&format!("{key}.{k}"), "must be at least 1");
             }
         }
+        let openai = self.openai_policy(&key, s.api.as_deref(), s.models);
         Some(ServiceConfig {
             name,
             scope: scope?,
@@ -640,7 +646,53 @@ impl Validator<'_> {
             upstream_headers,
             rate_limit_per_minute: s.rate_limit_per_minute,
             ca_certs,
+            openai,
         })
+    }
+
+    /// `api` and `[services.<name>.models]`: a policy only means something on a service whose
+    /// bodies the gateway reads, so `models` without `api = "openai"` is refused, not ignored.
+    fn openai_policy(
+        &mut self,
+        key: &str,
+        api: Option<&str>,
+        models: Option<file::Models>,
+    ) -> Option<Models> {
+        match api {
+            None => {
+                if models.is_some() {
+                    self.problem(&format!("{key}.models"), "needs `api = \"openai\"`");
+                }
+                return None;
+            }
+            Some("openai") => {}
+            Some(other) => {
+                self.problem(
+                    &format!("{key}.api"),
+                    format!(
+                        "`{}` is not a known API: the one supported is `openai`",
+                        one_line(other)
+                    ),
+                );
+                return None;
+            }
+        }
+        let models = models.unwrap_or(file::Models {
+            default: None,
+            aliases: Default::default(),
+        });
+        if models.default.as_deref() == Some("") {
+            self.problem(&format!("{key}.models.default"), "must not be empty");
+        }
+        for (alias, target) in &models.aliases {
+            if alias.is_empty() || target.is_empty() {
+                self.problem(
+                    &format!("{key}.models.aliases"),
+                    "an alias and its model must both be non-empty",
+                );
+            }
+        }
+        Some(Models::new(models.default, models.aliases))
     }
 }
 

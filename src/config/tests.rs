@@ -201,3 +201,40 @@ fn toml_errors_and_summaries_are_one_line() {
         "{summary}"
     );
 }
+
+#[test]
+fn the_model_policy_is_opt_in_and_checked() {
+    let c = parse(MINIMAL).unwrap();
+    assert!(
+        c.services[0].openai.is_none(),
+        "bodies are never read by default"
+    );
+    let c = parse(&format!(
+        "{MINIMAL}api = \"openai\"\n[services.infer.models]\ndefault = \"m-1\"\naliases = {{ m = \"m-1\" }}\n"
+    ))
+    .unwrap();
+    assert!(c.services[0].openai.is_some());
+    let p = problems(&format!("{MINIMAL}api = \"anthropic\"\n"));
+    assert!(
+        p.contains("services.infer.api") && p.contains("`anthropic` is not a known API"),
+        "{p}"
+    );
+    let p = problems(&format!(
+        "{MINIMAL}[services.infer.models]\ndefault = \"m\"\n"
+    ));
+    assert!(
+        p.contains("services.infer.models: needs `api = \"openai\"`"),
+        "{p}"
+    );
+    let p = problems(&format!(
+        "{MINIMAL}api = \"openai\"\n[services.infer.models]\ndefault = \"\"\naliases = {{ \"\" = \"x\" }}\n"
+    ));
+    assert!(
+        p.contains("models.default: must not be empty") && p.contains("models.aliases"),
+        "{p}"
+    );
+    let p = problems(&format!(
+        "{MINIMAL}api = \"openai\"\n[services.infer.models]\nfallback = \"m\"\n"
+    ));
+    assert!(p.contains("fallback"), "{p}");
+}

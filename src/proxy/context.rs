@@ -70,6 +70,9 @@ pub struct RequestCtx {
     pub upstream_sent: Option<Instant>,
     pub upstream_ttfb: Option<std::time::Duration>,
     pub streaming: bool,
+    /// A chat or embeddings call on an `api = "openai"` service; boxed, as most requests
+    /// have none.
+    pub openai: Option<Box<super::openai::Exchange>>,
 }
 
 impl Default for RequestCtx {
@@ -87,6 +90,7 @@ impl Default for RequestCtx {
             upstream_sent: None,
             upstream_ttfb: None,
             streaming: false,
+            openai: None,
         }
     }
 }

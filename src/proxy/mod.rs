@@ -3,10 +3,11 @@
 
 mod context;
 mod headers;
+pub mod openai;
 mod upstream;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -23,6 +24,7 @@ use crate::auth::Authenticator;
 use crate::config::{Config, ServiceConfig};
 use crate::errors::{write_local, GatewayError, Malformed};
 use crate::metrics::Metrics;
+use crate::model_policy::{Endpoint, Models};
 use crate::rate_limit::Limiter;
 use crate::routing::{self, Target};
 
@@ -42,6 +44,8 @@ enum Decision {
     /// `ctx.route` is set by then; the forwarded part starts at `forward_from`.
     Proxy {
         forward_from: usize,
+        /// A chat or embeddings call on an `api = "openai"` service: its body is read.
+        openai: Option<Endpoint>,
     },
     Health,
     Reject(GatewayError),
@@ -54,6 +58,10 @@ impl Gateway {
         metrics: Arc<Metrics>,
         access_log: AccessLog,
     ) -> Gateway {
+        for service in config.services.iter().filter(|s| s.openai.is_some()) {
+            // Present from the start at 0, so a rate() over it is defined before the first call.
+            metrics.tokens(&service.name, Some(0), Some(0));
+        }
         Gateway {
             peers: config.services.iter().map(upstream::peer_for).collect(),
             limits: config
@@ -129,8 +137,13 @@ impl Gateway {
                 }
             }
         }
+        let service = &self.services[route];
         Decision::Proxy {
             forward_from: req.raw_path().len() - forward.len(),
+            openai: service
+                .openai
+                .as_ref()
+                .and_then(|_| Endpoint::of(&req.method, forward)),
         }
     }
 
@@ -144,15 +157,21 @@ impl Gateway {
         // so all of them look alike and guessing costs a new connection.
         // CONNECT would turn the connection into a tunnel: never read on after refusing it.
         if e == GatewayError::Unauthorized
-            || !session.is_body_empty()
+            || !session.is_body_done()
             || session.req_header().method == Method::CONNECT
         {
             session.set_keepalive(None);
         }
         let head_only = session.req_header().method == Method::HEAD;
         ctx.local_status = Some(e.status());
-        e.respond(session, ctx.request_id.as_str(), head_only)
-            .await?;
+        let message = ctx.openai.as_ref().and_then(|x| x.error.as_ref());
+        e.respond_with_message(
+            session,
+            ctx.request_id.as_str(),
+            head_only,
+            message.map(|m| m.message()),
+        )
+        .await?;
         Ok(true)
     }
 
@@ -185,9 +204,22 @@ impl ProxyHttp for Gateway {
             ctx.request_id = RequestId::from_client_or_new(Some(client_id.as_bytes()));
         }
         match self.decide(session, ctx).await {
-            Decision::Proxy { forward_from } => {
+            Decision::Proxy {
+                forward_from,
+                openai,
+            } => {
                 ctx.forward_from = forward_from;
-                Ok(false)
+                let (Some(endpoint), Some(models)) = (openai, self.models(ctx.route)) else {
+                    return Ok(false);
+                };
+                // Validate the body and apply the model policy before any upstream is chosen.
+                let (exchange, next) =
+                    openai::Exchange::begin(session, endpoint, models, self.max_body).await?;
+                ctx.openai = Some(Box::new(exchange));
+                match next {
+                    openai::Next::Proxy => Ok(false),
+                    openai::Next::Refuse(e) => self.reject(session, ctx, e).await,
+                }
             }
             Decision::Health => self.health(session, ctx).await,
             Decision::Reject(e) => self.reject(session, ctx, e).await,
@@ -198,7 +230,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         body: &mut Option<Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         // Chunked bodies declare no length: count what arrives.
@@ -206,6 +238,9 @@ impl ProxyHttp for Gateway {
         if ctx.body_bytes > self.max_body {
             session.set_keepalive(None);
             return Error::e_explain(ErrorType::HTTPStatus(413), "request body over the limit");
+        }
+        if let (Some(exchange), Some(models)) = (&mut ctx.openai, self.models(ctx.route)) {
+            exchange.filter_body(body, end_of_stream, models)?;
         }
         Ok(())
     }
@@ -246,6 +281,9 @@ impl ProxyHttp for Gateway {
             client_tls,
             ctx.request_id.as_str(),
         )?;
+        if let Some(exchange) = &ctx.openai {
+            exchange.frame_upstream(upstream)?;
+        }
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
@@ -262,7 +300,24 @@ impl ProxyHttp for Gateway {
             ctx.streaming = true;
             self.metrics.stream_started(self.service_label(ctx));
         }
+        if let Some(exchange) = &mut ctx.openai {
+            exchange.response_started(upstream_response);
+        }
         Ok(())
+    }
+
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<Duration>> {
+        // Usage is read from the bytes as they pass; the chunk goes on untouched and at once.
+        if let (Some(exchange), Some(chunk)) = (&mut ctx.openai, body.as_ref()) {
+            exchange.response_chunk(chunk);
+        }
+        Ok(None)
     }
 
     async fn response_filter(
@@ -281,7 +336,12 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        let Some(error) = GatewayError::from_proxy_error(e) else {
+        let refused_body = ctx.openai.as_ref().and_then(|x| x.error.as_ref());
+        let error = match refused_body {
+            Some(_) => Some(GatewayError::InvalidBody),
+            None => GatewayError::from_proxy_error(e),
+        };
+        let Some(error) = error else {
             return FailToProxy {
                 error_code: 0,
                 can_reuse_downstream: false,
@@ -290,8 +350,9 @@ impl ProxyHttp for Gateway {
         // Once a response has started, all that can be done is to cut it.
         if session.response_written().is_none() {
             let head_only = session.req_header().method == Method::HEAD;
+            let message = refused_body.map(|m| m.message());
             if let Err(write_err) = error
-                .respond(session, ctx.request_id.as_str(), head_only)
+                .respond_with_message(session, ctx.request_id.as_str(), head_only, message)
                 .await
             {
                 log::debug!("could not send error response: {write_err}");
@@ -303,7 +364,8 @@ impl ProxyHttp for Gateway {
         ctx.local_status = Some(error.status());
         FailToProxy {
             error_code: error.status(),
-            can_reuse_downstream: false,
+            // A refused body was read to its end: the client's connection is still in step.
+            can_reuse_downstream: refused_body.is_some(),
         }
     }
 
@@ -340,6 +402,10 @@ impl ProxyHttp for Gateway {
         if ctx.streaming {
             self.metrics.stream_ended(service);
         }
+        if let Some(usage) = ctx.openai.as_ref().and_then(|x| x.usage()) {
+            self.metrics
+                .tokens(service, usage.prompt_tokens, usage.completion_tokens);
+        }
         self.metrics.record(
             service,
             &session.req_header().method,
@@ -358,6 +424,11 @@ impl ProxyHttp for Gateway {
 }
 
 impl Gateway {
+    /// The model policy of the routed service, on an `api = "openai"` service.
+    fn models(&self, route: Option<usize>) -> Option<&Models> {
+        route.and_then(|r| self.services[r].openai.as_ref())
+    }
+
     /// A bounded metric label: a registered service, `_local` or `_unknown`.
     fn service_label(&self, ctx: &RequestCtx) -> &str {
         match ctx.route {

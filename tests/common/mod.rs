@@ -58,6 +58,7 @@ pub struct GatewayBuilder<'a> {
     env: Vec<(String, String)>,
     cache_ttl: u64,
     grace_period: u64,
+    max_body: u64,
     args: Vec<String>,
 }
 
@@ -85,6 +86,11 @@ impl<'a> GatewayBuilder<'a> {
     }
 
     /// `server.grace_period_seconds` (default 5).
+    pub fn max_body(mut self, bytes: u64) -> Self {
+        self.max_body = bytes;
+        self
+    }
+
     pub fn grace_period(mut self, seconds: u64) -> Self {
         self.grace_period = seconds;
         self
@@ -105,11 +111,11 @@ impl<'a> GatewayBuilder<'a> {
             "[server]\nlisten = [\"127.0.0.1:{port}\"]\nthreads = 2\n\
              grace_period_seconds = {}\ngraceful_shutdown_timeout_seconds = 1\n\
              upgrade_sock = \"{d}/upgrade.sock\"\npid_file = \"{d}/portcullis.pid\"\n\
-             max_request_body_bytes = 4096\n\
+             max_request_body_bytes = {}\n\
              [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\
              [auth.api_keys]\ndatabase = \"sqlite://{d}/keys.db\"\n\
              cache_ttl_seconds = {}\nnegative_cache_ttl_seconds = 1\n",
-            self.grace_period, self.cache_ttl
+            self.grace_period, self.max_body, self.cache_ttl
         );
         for s in &self.services {
             toml.push_str(&format!(
@@ -152,6 +158,7 @@ impl Gateway {
             env: Vec::new(),
             cache_ttl: 15,
             grace_period: 5,
+            max_body: 4096,
             args: Vec::new(),
         }
     }

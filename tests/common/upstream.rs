@@ -4,6 +4,11 @@
 //!   …/close             closes the connection without a response
 //!   …/garbage           answers bytes that are not HTTP
 //!   …/status/CODE       answers CODE with an upstream WWW-Authenticate
+//!   …/chat/completions  an OpenAI-style answer echoing the model received, with `usage`
+//!                       (prompt 11, completion 5); with `"stream":true` in the body an SSE
+//!                       stream of ?n=N chunks ?gap_ms=G apart whose usage event (prompt 21,
+//!                       completion 9) is written in two TCP segments ?split_ms=S apart
+//!   …/embeddings        an OpenAI-style embeddings answer with `usage` (prompt 7)
 //!   anything else       200 JSON, plus the session headers the gateway must strip
 
 use std::sync::{Arc, Mutex};
@@ -116,6 +121,8 @@ async fn serve(mut conn: TcpStream, shared: Shared) {
         } else if path.ends_with("/garbage") {
             let _ = conn.write_all(b"this is not http\r\n\r\n").await;
             false
+        } else if path.ends_with("/chat/completions") || path.ends_with("/embeddings") {
+            openai_like(&mut conn, &req, &shared).await
         } else if let Some(code) = path.rsplit_once("/status/").map(|(_, c)| c.to_string()) {
             let body = br#"{"error":"upstream says no"}"#;
             let head = format!(
@@ -141,14 +148,103 @@ async fn serve(mut conn: TcpStream, shared: Shared) {
     }
 }
 
-async fn sse(conn: &mut TcpStream, target: &str, shared: &Shared) -> bool {
+fn query_param(target: &str, name: &str, default: u64) -> u64 {
     let query = target.split_once('?').map(|(_, q)| q).unwrap_or_default();
-    let param = |name: &str, default: u64| {
-        query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-            .unwrap_or(default)
-    };
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A stand-in for an OpenAI-compatible server: what the gateway's usage accounting reads.
+async fn openai_like(conn: &mut TcpStream, req: &Recorded, shared: &Shared) -> bool {
+    let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap_or_default();
+    let model = body
+        .get("model")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    if req
+        .target
+        .split('?')
+        .next()
+        .unwrap_or_default()
+        .ends_with("/embeddings")
+    {
+        let answer = serde_json::json!({"object": "list", "model": model,
+            "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}],
+            "usage": {"prompt_tokens": 7, "total_tokens": 7}});
+        return write_json(conn, &answer).await;
+    }
+    if body.get("stream") != Some(&serde_json::Value::Bool(true)) {
+        // The answer text quotes a usage object: only the top-level one may be counted.
+        let answer = serde_json::json!({"id": "c1", "object": "chat.completion", "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant",
+                "content": "a trap: \"usage\":{\"prompt_tokens\":999,\"completion_tokens\":999}"}}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}});
+        return write_json(conn, &answer).await;
+    }
+    let n = query_param(&req.target, "n", 3);
+    let gap = Duration::from_millis(query_param(&req.target, "gap_ms", 50));
+    let split = Duration::from_millis(query_param(&req.target, "split_ms", 50));
+    let log = Arc::new(Mutex::new(StreamLog::default()));
+    shared.streams.lock().unwrap().push(log.clone());
+    let _ = conn.set_nodelay(true);
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
+                transfer-encoding: chunked\r\n\r\n";
+    if conn.write_all(head.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut events: Vec<String> = (0..n)
+        .map(|i| {
+            let chunk = serde_json::json!({"object": "chat.completion.chunk", "model": model,
+                "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}], "usage": null});
+            format!("data: {chunk}\n\n")
+        })
+        .collect();
+    let usage = serde_json::json!({"object": "chat.completion.chunk", "model": model, "choices": [],
+        "usage": {"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30}});
+    events.push(format!("data: {usage}\n\n"));
+    events.push("data: [DONE]\n\n".to_string());
+    let usage_event = events.len() - 2;
+    for (i, event) in events.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(gap).await;
+        }
+        let chunk = format!("{:x}\r\n{event}\r\n", event.len());
+        let pieces: Vec<&[u8]> = if i == usage_event {
+            // Cut inside `"prompt_tokens"`: the gateway sees the event in two reads.
+            let cut = chunk.find("prompt_t").unwrap() + 5;
+            vec![&chunk.as_bytes()[..cut], &chunk.as_bytes()[cut..]]
+        } else {
+            vec![chunk.as_bytes()]
+        };
+        for (j, piece) in pieces.iter().enumerate() {
+            if j > 0 {
+                tokio::time::sleep(split).await;
+            }
+            if conn.write_all(piece).await.is_err() || conn.flush().await.is_err() {
+                log.lock().unwrap().aborted = Some(Instant::now());
+                return false;
+            }
+        }
+        log.lock().unwrap().sent.push(Instant::now());
+    }
+    let ok = conn.write_all(b"0\r\n\r\n").await.is_ok();
+    log.lock().unwrap().finished = ok;
+    ok
+}
+
+async fn write_json(conn: &mut TcpStream, value: &serde_json::Value) -> bool {
+    let body = value.to_string();
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.is_ok() && conn.write_all(body.as_bytes()).await.is_ok()
+}
+
+async fn sse(conn: &mut TcpStream, target: &str, shared: &Shared) -> bool {
+    let param = |name: &str, default: u64| query_param(target, name, default);
     let (n, gap) = (param("n", 5), Duration::from_millis(param("gap_ms", 100)));
     let log = Arc::new(Mutex::new(StreamLog::default()));
     shared.streams.lock().unwrap().push(log.clone());

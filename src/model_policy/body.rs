@@ -1,0 +1,550 @@
+//! One pass over a chat or embeddings body: checks the shapes the gateway relies on and finds
+//! the top-level `model` token, without copying the strings it only type-checks.
+//!
+//! Each checked value is a [`Shape`]: it accepts some kinds of JSON value and refuses the rest
+//! with the message naming the field. Values nobody inspects are skipped with [`Skip`].
+
+use std::borrow::Cow;
+use std::cell::Cell;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+
+use super::{BodyError, Endpoint};
+
+/// The top-level `model` of a body.
+#[derive(Debug)]
+pub(super) struct Model<'a> {
+    /// The JSON string token, quotes included, borrowed from the body.
+    pub token: &'a str,
+    /// Its value after unescaping.
+    pub name: Cow<'a, str>,
+}
+
+/// Checks `body` and returns its `model`, if it has one.
+pub(super) fn scan(endpoint: Endpoint, body: &[u8]) -> Result<Option<Model<'_>>, BodyError> {
+    // serde_json skips the strings it ignores without checking their UTF-8, so check it all
+    // first (fast, and `from_str` then skips the per-string check).
+    let text = std::str::from_utf8(body).map_err(|e| {
+        let (line, column) = position(body, e.valid_up_to());
+        not_json(line, column)
+    })?;
+    let problem = Problem::default();
+    let mut de = serde_json::Deserializer::from_str(text);
+    let top = Check(Top {
+        endpoint,
+        problem: &problem,
+    });
+    let model = top
+        .deserialize(&mut de)
+        .and_then(|model| de.end().map(|()| model));
+    // A shape problem was left aside; any other error is one of JSON syntax. serde_json's own
+    // data errors quote the body, so none of its texts is ever passed on.
+    model.map_err(|e| {
+        let shape = problem.0.take();
+        shape.unwrap_or_else(|| not_json(e.line(), e.column()))
+    })
+}
+
+fn not_json(line: usize, column: usize) -> BodyError {
+    BodyError(format!(
+        "body is not valid JSON (line {line}, column {column})"
+    ))
+}
+
+/// Line and column of the byte at `index`, counted as serde_json counts them.
+fn position(body: &[u8], index: usize) -> (usize, usize) {
+    let before = &body[..index.min(body.len())];
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let line = 1 + before.iter().filter(|&&b| b == b'\n').count();
+    (line, index - line_start + 1)
+}
+
+/// Where a shape problem waits for `scan`: a message carried in serde_json's error would get
+/// " at line L column C" appended.
+#[derive(Default)]
+struct Problem(Cell<Option<BodyError>>);
+
+impl Problem {
+    /// Leaves `message` for `scan` and returns the error that stops the parse.
+    fn raise<E: de::Error>(&self, message: impl Into<String>) -> E {
+        self.0.set(Some(BodyError(message.into())));
+        E::custom("shape problem")
+    }
+}
+
+/// A checked value. The kinds of value a shape does not override are refused with `wrong_type`.
+trait Shape<'de>: Sized {
+    type Value;
+
+    fn problem(&self) -> &Problem;
+
+    /// The message when the value is of a kind this shape does not accept.
+    fn wrong_type(&self) -> String;
+
+    fn refuse<E: de::Error>(&self) -> E {
+        self.problem().raise(self.wrong_type())
+    }
+    fn string<E: de::Error>(self) -> Result<Self::Value, E> {
+        Err(self.refuse())
+    }
+    /// A number without fraction or exponent that fits i64 or u64.
+    fn integer<E: de::Error>(self) -> Result<Self::Value, E> {
+        Err(self.refuse())
+    }
+    /// Any other number.
+    fn float<E: de::Error>(self) -> Result<Self::Value, E> {
+        Err(self.refuse())
+    }
+    fn boolean<E: de::Error>(self) -> Result<Self::Value, E> {
+        Err(self.refuse())
+    }
+    fn null<E: de::Error>(self) -> Result<Self::Value, E> {
+        Err(self.refuse())
+    }
+    fn array<A: SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+        Err(self.refuse())
+    }
+    fn object<A: MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+        Err(self.refuse())
+    }
+}
+
+/// Runs a shape as the serde visitor (and seed) of one value.
+struct Check<S>(S);
+
+impl<'de, S: Shape<'de>> DeserializeSeed<'de> for Check<S> {
+    type Value = S::Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<S::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de, S: Shape<'de>> Visitor<'de> for Check<S> {
+    type Value = S::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(&self.0.wrong_type())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<S::Value, E> {
+        self.0.boolean()
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<S::Value, E> {
+        self.0.integer()
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<S::Value, E> {
+        self.0.integer()
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<S::Value, E> {
+        self.0.float()
+    }
+    // Borrowed and escaped strings both end here; neither is copied into a String.
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<S::Value, E> {
+        self.0.string()
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<S::Value, E> {
+        self.0.null()
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<S::Value, A::Error> {
+        self.0.array(seq)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<S::Value, A::Error> {
+        self.0.object(map)
+    }
+}
+
+/// Skips a value nobody inspects. Not `IgnoredAny`: serde_json skips that one without any
+/// depth limit, so a body nested too deep would pass; through `deserialize_any` its nesting
+/// limit (128) holds everywhere. Strings are still borrowed, never copied into a String.
+struct Skip;
+
+impl<'de> DeserializeSeed<'de> for Skip {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Skip {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Skip)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_entry_seed(Skip, Skip)?.is_some() {}
+        Ok(())
+    }
+}
+
+/// A string after unescaping, borrowed from the body when it has no escapes.
+struct Text<'de>(Cow<'de, str>);
+
+impl<'de> de::Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(s.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(TextVisitor)
+    }
+}
+
+/// Marks `key` as seen, refusing a second copy: an upstream might read the other one.
+fn first_time<E: de::Error>(
+    seen: &mut bool,
+    problem: &Problem,
+    key: impl FnOnce() -> String,
+) -> Result<(), E> {
+    if std::mem::replace(seen, true) {
+        return Err(problem.raise(format!("{} appears more than once", key())));
+    }
+    Ok(())
+}
+
+/// The whole body.
+struct Top<'p> {
+    endpoint: Endpoint,
+    problem: &'p Problem,
+}
+
+impl<'de> Shape<'de> for Top<'_> {
+    type Value = Option<Model<'de>>;
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        "body must be a JSON object".into()
+    }
+
+    fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let p = self.problem;
+        let mut model = None;
+        let (mut seen_model, mut messages, mut stream, mut input) = (false, false, false, false);
+        while let Some(Text(key)) = map.next_key()? {
+            match (key.as_ref(), self.endpoint) {
+                ("model", _) => {
+                    first_time(&mut seen_model, p, || "model".into())?;
+                    let token: &'de RawValue = map.next_value()?;
+                    model = Some(
+                        model_of(token.get())
+                            .ok_or_else(|| p.raise::<A::Error>("model must be a string"))?,
+                    );
+                }
+                ("messages", Endpoint::Chat) => {
+                    first_time(&mut messages, p, || "messages".into())?;
+                    map.next_value_seed(Check(Messages(p)))?;
+                }
+                ("stream", Endpoint::Chat) => {
+                    first_time(&mut stream, p, || "stream".into())?;
+                    map.next_value_seed(Check(Stream(p)))?;
+                }
+                ("input", Endpoint::Embeddings) => {
+                    first_time(&mut input, p, || "input".into())?;
+                    map.next_value_seed(Check(Input(p)))?;
+                }
+                _ => {
+                    map.next_value_seed(Skip)?;
+                }
+            }
+        }
+        match self.endpoint {
+            Endpoint::Chat if !messages => Err(p.raise("messages is required")),
+            Endpoint::Embeddings if !input => Err(p.raise("input is required")),
+            _ => Ok(model),
+        }
+    }
+}
+
+/// The model in a JSON token that serde_json has already checked, if it is a string.
+fn model_of(token: &str) -> Option<Model<'_>> {
+    if !token.starts_with('"') {
+        return None;
+    }
+    let Text(name) = serde_json::from_str(token).ok()?;
+    Some(Model { token, name })
+}
+
+/// `stream`.
+struct Stream<'p>(&'p Problem);
+
+impl<'de> Shape<'de> for Stream<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        "stream must be a boolean".into()
+    }
+    fn boolean<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// `messages`.
+struct Messages<'p>(&'p Problem);
+
+impl<'de> Shape<'de> for Messages<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        "messages must be a non-empty array".into()
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0;
+        while seq
+            .next_element_seed(Check(Message { problem: self.0, i }))?
+            .is_some()
+        {
+            i += 1;
+        }
+        if i == 0 {
+            return Err(self.refuse());
+        }
+        Ok(())
+    }
+}
+
+/// `messages[i]`.
+struct Message<'p> {
+    problem: &'p Problem,
+    i: usize,
+}
+
+impl<'de> Shape<'de> for Message<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!("messages[{}] must be an object", self.i)
+    }
+    fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let (p, i) = (self.problem, self.i);
+        let (mut role, mut content) = (false, false);
+        while let Some(Text(key)) = map.next_key()? {
+            match key.as_ref() {
+                "role" => {
+                    first_time(&mut role, p, || format!("messages[{i}].role"))?;
+                    map.next_value_seed(Check(Role { problem: p, i }))?;
+                }
+                // Absent is fine: an assistant message with tool_calls has no content.
+                "content" => {
+                    first_time(&mut content, p, || format!("messages[{i}].content"))?;
+                    map.next_value_seed(Check(Content { problem: p, i }))?;
+                }
+                _ => {
+                    map.next_value_seed(Skip)?;
+                }
+            }
+        }
+        if !role {
+            return Err(p.raise(Role { problem: p, i }.wrong_type()));
+        }
+        Ok(())
+    }
+}
+
+/// `messages[i].role`.
+struct Role<'p> {
+    problem: &'p Problem,
+    i: usize,
+}
+
+impl<'de> Shape<'de> for Role<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!("messages[{}].role must be a string", self.i)
+    }
+    fn string<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// `messages[i].content`.
+struct Content<'p> {
+    problem: &'p Problem,
+    i: usize,
+}
+
+impl<'de> Shape<'de> for Content<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!(
+            "messages[{}].content must be a string, an array of content parts or null",
+            self.i
+        )
+    }
+    fn string<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn null<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut j = 0;
+        let part = |j| {
+            Check(Part {
+                problem: self.problem,
+                i: self.i,
+                j,
+            })
+        };
+        while seq.next_element_seed(part(j))?.is_some() {
+            j += 1;
+        }
+        Ok(())
+    }
+}
+
+/// `messages[i].content[j]`: only its being an object is checked; an image's base64 data
+/// inside is skipped, never copied.
+struct Part<'p> {
+    problem: &'p Problem,
+    i: usize,
+    j: usize,
+}
+
+impl<'de> Shape<'de> for Part<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!("messages[{}].content[{}] must be an object", self.i, self.j)
+    }
+    fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_entry_seed(Skip, Skip)?.is_some() {}
+        Ok(())
+    }
+}
+
+const INPUT: &str = "input must be a string, an array of strings, an array of integers or an \
+                     array of integer arrays";
+
+/// `input` of an embeddings request.
+struct Input<'p>(&'p Problem);
+
+/// What an element of `input` is: all elements must be of one kind.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Item {
+    String,
+    Integer,
+    Integers,
+}
+
+impl<'de> Shape<'de> for Input<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        INPUT.into()
+    }
+    fn string<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut first = None;
+        while let Some(kind) = seq.next_element_seed(Check(InputItem(self.0)))? {
+            if *first.get_or_insert(kind) != kind {
+                return Err(self.refuse());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An element of `input`.
+struct InputItem<'p>(&'p Problem);
+
+impl<'de> Shape<'de> for InputItem<'_> {
+    type Value = Item;
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        INPUT.into()
+    }
+    fn string<E: de::Error>(self) -> Result<Item, E> {
+        Ok(Item::String)
+    }
+    fn integer<E: de::Error>(self) -> Result<Item, E> {
+        Ok(Item::Integer)
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Item, A::Error> {
+        while seq.next_element_seed(Check(Token(self.0)))?.is_some() {}
+        Ok(Item::Integers)
+    }
+}
+
+/// An element of an integer array inside `input`.
+struct Token<'p>(&'p Problem);
+
+impl<'de> Shape<'de> for Token<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        INPUT.into()
+    }
+    fn integer<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+}

@@ -1,0 +1,351 @@
+//! Token usage of OpenAI-style responses (`usage.prompt_tokens`, `usage.completion_tokens`),
+//! read on the side as the body passes through the proxy.
+//!
+//! The gateway hands each response body chunk to [`UsageScanner::feed`] and forwards the same
+//! chunk unchanged: nothing is held back, delayed or re-chunked. At the end it asks
+//! [`UsageScanner::usage`] what was seen. The scanner keeps no copy of the body: a small fixed
+//! state, at most 30 bytes of the current top-level key and at most 4 KiB of the current
+//! `usage` object (plus the decoder's window for compressed bodies).
+//!
+//! What counts:
+//! - [`Framing::Json`]: the body is one JSON document; its root object's `usage` member.
+//!   [`Framing::EventStream`]: each event's data (its `data:` lines joined with LF) is one JSON
+//!   document, read the same way; `[DONE]` and other non-JSON data are ignored.
+//! - Only a root object counts, and only its own `usage` member: `usage` nested deeper (in
+//!   `choices`) or inside a string never does. A key written with escapes is decoded, so
+//!   `"us\u0061ge"` is `usage`.
+//! - The value must be an object (`"usage": null` is ignored). `prompt_tokens` and
+//!   `completion_tokens` are read when they are integers in `0..=u64::MAX` (otherwise that
+//!   field is `None`); other members are ignored. A usage object that is not valid JSON, or is
+//!   longer than 4 KiB, is ignored.
+//! - A usage object counts as soon as it closes, even if the rest of its document or event is
+//!   cut off or malformed. The last one seen wins; nothing is summed.
+
+mod scan;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::io::{self, Write};
+
+use flate2::write::{DeflateDecoder, GzDecoder, ZlibDecoder};
+use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use scan::{JsonScan, SseScan};
+
+/// How the response body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// One JSON document (`application/json`).
+    Json,
+    /// Server-sent events (`text/event-stream`), one JSON document per event.
+    EventStream,
+}
+
+/// The response's content coding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Identity,
+    Gzip,
+    /// zlib-wrapped deflate, as HTTP means it; raw deflate is accepted too.
+    Deflate,
+}
+
+impl Encoding {
+    /// From a Content-Encoding header value: absent/"identity" → Identity, "gzip"/"x-gzip" → Gzip,
+    /// "deflate" → Deflate (zlib-wrapped, as HTTP means it; fall back to raw deflate if the zlib header is wrong),
+    /// anything else (br, zstd, lists of several codings) → None: the caller then does not scan.
+    ///
+    /// Codings are compared case-insensitively, around optional whitespace; an empty value is
+    /// Identity.
+    pub fn from_header(value: Option<&[u8]>) -> Option<Encoding> {
+        let Some(value) = value else {
+            return Some(Encoding::Identity);
+        };
+        let value = value.trim_ascii();
+        let is = |name: &str| value.eq_ignore_ascii_case(name.as_bytes());
+        if value.is_empty() || is("identity") {
+            Some(Encoding::Identity)
+        } else if is("gzip") || is("x-gzip") {
+            Some(Encoding::Gzip)
+        } else if is("deflate") {
+            Some(Encoding::Deflate)
+        } else {
+            None
+        }
+    }
+}
+
+/// Token counts from a response's `usage` object; a field is `None` when absent or not a
+/// non-negative integer (embeddings responses have no `completion_tokens`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+}
+
+/// Reads the token usage of one response body, chunk by chunk, without holding any of it.
+pub struct UsageScanner {
+    inner: Inner,
+}
+
+enum Inner {
+    Identity(Sink),
+    Gzip(Box<GzDecoder<Sink>>),
+    Zlib(Box<ZlibDecoder<Sink>>),
+    RawDeflate(Box<DeflateDecoder<Sink>>),
+    /// Deflate before its first two bytes are in: they tell zlib from raw deflate.
+    DeflateHead {
+        sink: Sink,
+        head: [u8; 2],
+        len: usize,
+    },
+    /// The body could not be decoded: scanning stopped with this usage.
+    Stopped(Option<Usage>),
+}
+
+impl UsageScanner {
+    pub fn new(framing: Framing, encoding: Encoding) -> UsageScanner {
+        let sink = match framing {
+            Framing::Json => Sink::Json(JsonScan::new()),
+            Framing::EventStream => Sink::EventStream(SseScan::new()),
+        };
+        let inner = match encoding {
+            Encoding::Identity => Inner::Identity(sink),
+            Encoding::Gzip => Inner::Gzip(Box::new(GzDecoder::new(sink))),
+            Encoding::Deflate => Inner::DeflateHead {
+                sink,
+                head: [0; 2],
+                len: 0,
+            },
+        };
+        UsageScanner { inner }
+    }
+
+    /// One response body chunk, as it passes. Never panics, whatever the bytes.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if chunk.is_empty() {
+            return;
+        }
+        let decoded = match &mut self.inner {
+            Inner::Identity(sink) => {
+                sink.feed(chunk);
+                true
+            }
+            Inner::Gzip(decoder) => decode(decoder.as_mut(), chunk),
+            Inner::Zlib(decoder) => decode(decoder.as_mut(), chunk),
+            Inner::RawDeflate(decoder) => decode(decoder.as_mut(), chunk),
+            Inner::DeflateHead { head, len, .. } => {
+                let take = (head.len() - *len).min(chunk.len());
+                head[*len..*len + take].copy_from_slice(&chunk[..take]);
+                *len += take;
+                if *len < head.len() {
+                    return;
+                }
+                let Inner::DeflateHead { sink, head, .. } =
+                    std::mem::replace(&mut self.inner, Inner::Stopped(None))
+                else {
+                    return;
+                };
+                self.inner = start_deflate(sink, head);
+                // The head went in with the decoder; now the rest of this chunk.
+                return self.feed(&chunk[take..]);
+            }
+            Inner::Stopped(_) => true,
+        };
+        if !decoded {
+            self.inner = Inner::Stopped(self.usage());
+        }
+    }
+
+    /// The usage of the last top-level `usage` object seen so far (None when none seen).
+    pub fn usage(&self) -> Option<Usage> {
+        match &self.inner {
+            Inner::Identity(sink) => sink.usage(),
+            Inner::Gzip(decoder) => decoder.get_ref().usage(),
+            Inner::Zlib(decoder) => decoder.get_ref().usage(),
+            Inner::RawDeflate(decoder) => decoder.get_ref().usage(),
+            Inner::DeflateHead { sink, .. } => sink.usage(),
+            Inner::Stopped(usage) => *usage,
+        }
+    }
+}
+
+/// The decoder for a deflate body, by its first two bytes: a valid zlib header (method 8,
+/// window ≤ 32 KiB, check bits) means zlib, anything else raw deflate.
+fn start_deflate(sink: Sink, head: [u8; 2]) -> Inner {
+    let [cmf, flg] = head;
+    let zlib = cmf & 0x0F == 8 && cmf >> 4 <= 7 && (u16::from(cmf) << 8 | u16::from(flg)) % 31 == 0;
+    let inner = if zlib {
+        let mut decoder = Box::new(ZlibDecoder::new(sink));
+        if decode(decoder.as_mut(), &head) {
+            return Inner::Zlib(decoder);
+        }
+        decoder.get_ref().usage()
+    } else {
+        let mut decoder = Box::new(DeflateDecoder::new(sink));
+        if decode(decoder.as_mut(), &head) {
+            return Inner::RawDeflate(decoder);
+        }
+        decoder.get_ref().usage()
+    };
+    Inner::Stopped(inner)
+}
+
+/// Feeds compressed bytes to a decoder and flushes what it decoded into the scanner (so that
+/// `usage` is current after every chunk); false on a decode error.
+fn decode<W: Write>(decoder: &mut W, chunk: &[u8]) -> bool {
+    decoder
+        .write_all(chunk)
+        .and_then(|()| decoder.flush())
+        .is_ok()
+}
+
+/// The scanner proper, behind the decoder (as its `Write`) or directly.
+enum Sink {
+    Json(JsonScan),
+    EventStream(SseScan),
+}
+
+impl Sink {
+    fn feed(&mut self, bytes: &[u8]) {
+        match self {
+            Sink::Json(scan) => scan.feed(bytes),
+            Sink::EventStream(scan) => scan.feed(bytes),
+        }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        match self {
+            Sink::Json(scan) => scan.usage(),
+            Sink::EventStream(scan) => scan.usage(),
+        }
+    }
+}
+
+impl Write for Sink {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.feed(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Parses a captured `usage` object; `None` when it is not a valid JSON object.
+fn parse_usage(object: &[u8]) -> Option<Usage> {
+    serde_json::from_slice::<UsageObject>(object)
+        .ok()
+        .map(|UsageObject(usage)| usage)
+}
+
+/// A `usage` object as sent: unknown members are skipped without allocating, a duplicated
+/// member takes its last value, and a count that is not a non-negative integer is `None`.
+struct UsageObject(Usage);
+
+impl<'de> Deserialize<'de> for UsageObject {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor;
+        impl<'de> Visitor<'de> for ObjectVisitor {
+            type Value = UsageObject;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a usage object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UsageObject, A::Error> {
+                let mut usage = Usage::default();
+                while let Some(member) = map.next_key::<Member>()? {
+                    match member {
+                        Member::PromptTokens => usage.prompt_tokens = map.next_value::<Count>()?.0,
+                        Member::CompletionTokens => {
+                            usage.completion_tokens = map.next_value::<Count>()?.0
+                        }
+                        Member::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(UsageObject(usage))
+            }
+        }
+        deserializer.deserialize_map(ObjectVisitor)
+    }
+}
+
+enum Member {
+    PromptTokens,
+    CompletionTokens,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Member {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MemberVisitor;
+        impl Visitor<'_> for MemberVisitor {
+            type Value = Member;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<Member, E> {
+                Ok(match name {
+                    "prompt_tokens" => Member::PromptTokens,
+                    "completion_tokens" => Member::CompletionTokens,
+                    _ => Member::Other,
+                })
+            }
+        }
+        deserializer.deserialize_identifier(MemberVisitor)
+    }
+}
+
+/// A token count: `Some` only for an integer in `0..=u64::MAX`; any other value is `None`.
+struct Count(Option<u64>);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CountVisitor;
+        impl<'de> Visitor<'de> for CountVisitor {
+            type Value = Count;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Count, E> {
+                Ok(Count(Some(n)))
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Count, E> {
+                Ok(Count(u64::try_from(n).ok()))
+            }
+            fn visit_u128<E: de::Error>(self, n: u128) -> Result<Count, E> {
+                Ok(Count(u64::try_from(n).ok()))
+            }
+            fn visit_i128<E: de::Error>(self, n: i128) -> Result<Count, E> {
+                Ok(Count(u64::try_from(n).ok()))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Count, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Count(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Count, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Count(None))
+            }
+        }
+        deserializer.deserialize_any(CountVisitor)
+    }
+}
