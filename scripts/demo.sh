@@ -22,13 +22,18 @@ cat <<MSG
     curl -s http://127.0.0.1:8080/healthz
     curl -s http://127.0.0.1:8080/v1/infer/v1/models                                   # 401: no token
     curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/infer/v1/models
+    # chatx has a default model and aliases (conf/demo.toml); the upstream echoes what it got:
     curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/chatx/v1/chat/completions \\
-         -d '{"messages":[{"role":"user","content":"hello"}]}'
+         -d '{"messages":[{"role":"user","content":"hello"}]}'                          # model x-large-2
+    curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/chatx/v1/chat/completions \\
+         -d '{"model":"small","messages":[{"role":"user","content":"hello"}]}'          # model x-small-1
+    curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/chatx/v1/chat/completions \\
+         -d '{"messages":[{"content":"no role"}]}'                                     # 400 naming the field
     curl -sN -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/infer/v1/chat/completions \\
          -d '{"model":"alpha3.6-vl","stream":true,"messages":[{"role":"user","content":"stream me"}]}'
     curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/embed/v1/embeddings \\
          -d '{"model":"emb-m3","input":["a","b"]}' | head -c 200; echo
-    curl -s http://127.0.0.1:9100/metrics | grep ^portcullis_
+    curl -s http://127.0.0.1:9100/metrics | grep ^portcullis_                           # portcullis_tokens_total too
     target/debug/portcullis keys list --config $CONF
 
   Ctrl-C stops both.
