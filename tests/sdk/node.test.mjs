@@ -45,6 +45,49 @@ for (const [service, model] of [['infer', 'alpha3.6-vl'], ['chatx', 'x-small']])
   });
 }
 
+// chatx's model policy (run.py's config): default x-large-2, aliases large and small.
+test('chatx: a request without a model key gets the default model', { timeout: 30_000 }, async () => {
+  const r = await client('chatx').chat.completions.create({
+    messages: [{ role: 'user', content: 'node default model' }],
+  });
+  assert.equal(r.model, 'x-large-2', 'the model the upstream received');
+  assert.equal(r.choices[0].message.content, 'Echo: node default model');
+});
+
+test("chatx: model 'large' streaming, every chunk carries x-large-2", { timeout: 30_000 }, async () => {
+  const stream = await client('chatx').chat.completions.create({
+    model: 'large',
+    stream: true,
+    messages: [{ role: 'user', content: 'node alias' }],
+  });
+  const models = new Set();
+  let chunks = 0;
+  for await (const chunk of stream) {
+    models.add(chunk.model);
+    chunks += 1;
+  }
+  assert.ok(chunks > 2, `only ${chunks} chunks`);
+  assert.deepEqual([...models], ['x-large-2']);
+});
+
+test('chatx: stream_options.include_usage yields a final chunk with usage', { timeout: 30_000 }, async () => {
+  const stream = await client('chatx').chat.completions.create({
+    model: 'small',
+    stream: true,
+    stream_options: { include_usage: true },
+    messages: [{ role: 'user', content: 'node usage' }],
+  });
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  const last = chunks.at(-1);
+  assert.ok(last.usage, 'the last chunk has usage');
+  assert.deepEqual(last.choices, []);
+  assert.ok(chunks.slice(0, -1).every((c) => !c.usage), 'usage only on the last chunk');
+  const { prompt_tokens: p, completion_tokens: c, total_tokens: t } = last.usage;
+  assert.ok(p > 0 && c > 0 && t === p + c, `usage ${JSON.stringify(last.usage)}`);
+  assert.equal(last.model, 'x-small-1');
+});
+
 test('embed: embeddings for a list of inputs, ordered by index, 1024 floats each', { timeout: 30_000 }, async () => {
   const embed = client('embed');
   const a = await embed.embeddings.create({ model: 'emb-m3', input: ['alpha', 'beta', 'gamma'] });

@@ -51,6 +51,9 @@ CODE_CLIENT = ("console", "console-test-secret")
 START_TIMEOUT = 30      # seconds for any child to say it is ready
 ROTATION_WINDOW = 15    # seconds a new kid may take to be accepted (gateway unknown-kid cooldown is 10 s)
 HTTP_TIMEOUT = 20
+CHATX_DEFAULT = "x-large-2"                               # chatx's model when a request names none
+CHATX_ALIASES = {"large": "x-large-2", "small": "x-small-1"}
+METRICS_WAIT = 2        # seconds the token counter may lag the end of a stream (it moves when the request is logged)
 
 # The demo upstream's own answers, imported rather than copied so the expectations cannot drift.
 _spec = importlib.util.spec_from_file_location("demo_upstream", os.path.join(ROOT, "demo", "upstream.py"))
@@ -276,10 +279,15 @@ class Gateway:
     def __init__(self, binary, tmp, upstream_port, issuer):
         self.binary, self.tmp = binary, tmp
         self.port = free_port()
+        self.metrics_port = free_port()
         self.config = os.path.join(tmp, "portcullis.toml")
+        # All four speak the OpenAI API (bodies validated, usage counted); chatx has a model policy.
+        aliases = ", ".join(f"{alias} = {json.dumps(model)}" for alias, model in CHATX_ALIASES.items())
+        chatx_models = f"[services.chatx.models]\ndefault = {json.dumps(CHATX_DEFAULT)}\naliases = {{ {aliases} }}\n\n"
         services = "".join(
             f'[services.{s}]\nupstream = "http://127.0.0.1:{upstream_port}/{s}"\nscope = "{s}"\n'
-            f"read_timeout_seconds = 30\n\n" for s in SERVICES)
+            f'api = "openai"\nread_timeout_seconds = 30\n\n' + (chatx_models if s == "chatx" else "")
+            for s in SERVICES)
         with open(self.config, "w") as f:
             f.write(f"""# written by tests/sdk/run.py
 [server]
@@ -289,6 +297,9 @@ grace_period_seconds = 1
 graceful_shutdown_timeout_seconds = 1
 upgrade_sock = "{tmp}/upgrade.sock"
 pid_file = "{tmp}/portcullis.pid"
+
+[metrics]
+listen = "127.0.0.1:{self.metrics_port}"
 
 [auth.api_keys]
 database = "sqlite://{tmp}/keys.db"
@@ -302,6 +313,7 @@ audience = "{AUDIENCE}"
                            os.path.join(tmp, "gateway.log"), wait_listening=False,
                            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")})
         self.url = f"http://127.0.0.1:{self.port}"
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
@@ -515,6 +527,103 @@ def embed_checks(gw, token):
     return default_encoding, float_encoding, models
 
 
+def token_counts(gw, service):
+    """{"prompt": n, "completion": n} from portcullis_tokens_total on /metrics (0 when absent)."""
+    status, _, body = http_call(gw.metrics_url)
+    expect_eq(status, 200, "GET /metrics status")
+    counts = {"prompt": 0, "completion": 0}
+    for line in body.decode().splitlines():
+        m = re.fullmatch(r"portcullis_tokens_total\{([^}]*)\}\s+(\S+)", line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if labels.get("service") == service and labels.get("kind") in counts:
+            counts[labels["kind"]] = int(float(m.group(2)))
+    return counts
+
+
+def settled_token_counts(gw, service):
+    """The counts once no earlier request's logging is still moving them."""
+    before = token_counts(gw, service)
+    deadline = time.monotonic() + METRICS_WAIT
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = token_counts(gw, service)
+        if now == before:
+            return now
+        before = now
+    raise CheckFailed(f"portcullis_tokens_total for {service} still moving after {METRICS_WAIT} s")
+
+
+def policy_checks(gw, token):
+    """chatx's model policy (default, aliases, pass-through), body validation and token usage."""
+    client = gw.sdk("chatx", token)
+    msgs = [{"role": "user", "content": "which model?"}]
+
+    def default_model():
+        # The SDK requires `model`; its omit sentinel leaves the key out of the JSON entirely.
+        r = client.chat.completions.create(model=openai.omit, messages=msgs)
+        expect_eq(r.model, CHATX_DEFAULT, "model the upstream received")
+        expect_eq(r.choices[0].message.content, echo("which model?"), "answer")
+        return f"model {r.model!r}"
+
+    def alias_large():
+        r = client.chat.completions.create(model="large", messages=msgs)
+        expect_eq(r.model, CHATX_ALIASES["large"], "model the upstream received")
+        return f"model {r.model!r}"
+
+    def alias_small_streaming():
+        chunks = list(client.chat.completions.create(model="small", stream=True, messages=msgs))
+        expect(len(chunks) > 2, f"only {len(chunks)} chunks")
+        models = {c.model for c in chunks}
+        expect_eq(models, {CHATX_ALIASES["small"]}, "models of the streamed chunks")
+        expect_eq("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), echo("which model?"),
+                  "streamed answer")
+        return f"{len(chunks)} chunks, all {CHATX_ALIASES['small']!r}"
+
+    def unknown_passes():
+        r = client.chat.completions.create(model="x-medium-9", messages=msgs)
+        expect_eq(r.model, "x-medium-9", "model the upstream received")
+
+    def malformed():
+        try:
+            client.chat.completions.create(model="large", messages=[{"content": "no role"}])
+        except openai.BadRequestError as e:
+            expect_eq(e.status_code, 400, "status")
+            expect_eq(e.response.json(), {"error": "bad_request", "message": "messages[0].role must be a string"},
+                      "body")
+            return f"BadRequestError 400, SDK message {e.message!r}"
+        raise CheckFailed("a message without a role was accepted")
+
+    def usage_counted():
+        before = settled_token_counts(gw, "chatx")
+        text = "count my tokens please"
+        stream = client.chat.completions.create(model="small", stream=True, stream_options={"include_usage": True},
+                                                messages=[{"role": "user", "content": text}])
+        chunks = list(stream)
+        last = chunks[-1]
+        expect(last.usage is not None, f"last chunk has no usage: {last}")
+        expect_eq(last.choices, [], "choices of the usage chunk")
+        expect(all(c.usage is None for c in chunks[:-1]), "usage on a chunk before the last")
+        u = last.usage
+        # What demo/upstream.py counts: fragments of the prompt; answer plus reasoning fragments.
+        want = (len(demo.fragments(text)), len(demo.fragments(echo(text))) + len(demo.fragments(demo.REASONING)))
+        expect_eq((u.prompt_tokens, u.completion_tokens), want, "usage (prompt, completion)")
+        expect_eq(u.total_tokens, u.prompt_tokens + u.completion_tokens, "total_tokens")
+        deadline = time.monotonic() + METRICS_WAIT
+        while True:
+            after = token_counts(gw, "chatx")
+            if after != before or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        delta = {k: after[k] - before[k] for k in after}
+        expect_eq(delta, {"prompt": u.prompt_tokens, "completion": u.completion_tokens},
+                  f"portcullis_tokens_total{{service=\"chatx\"}} increase within {METRICS_WAIT} s")
+        return f"usage {u.prompt_tokens}+{u.completion_tokens}, counter {before} -> {after}"
+
+    return default_model, alias_large, alias_small_streaming, unknown_passes, malformed, usage_counted
+
+
 def expect_unauthorized(fn, what):
     try:
         fn()
@@ -553,6 +662,15 @@ def run_sdk_suite(res, gw, label, token, scoped):
     res.check(f"[py {label}] embed: embeddings.create, list input (SDK default base64)", default_encoding)
     res.check(f"[py {label}] embed: embeddings.create, list input, encoding_format=float", float_encoding)
     res.check(f"[py {label}] embed: models.list", embed_models)
+
+    default_model, alias_large, alias_small, unknown, malformed, usage = policy_checks(gw, token)
+    res.check(f"[py {label}] chatx: model omitted (openai.omit) gets the default {CHATX_DEFAULT}", default_model)
+    res.check(f"[py {label}] chatx: model=\"large\" is replaced by {CHATX_ALIASES['large']}", alias_large)
+    res.check(f"[py {label}] chatx: model=\"small\" streaming, every chunk {CHATX_ALIASES['small']}", alias_small)
+    res.check(f"[py {label}] chatx: unknown model=\"x-medium-9\" passes unchanged", unknown)
+    res.check(f"[py {label}] chatx: a message without role raises BadRequestError 400 naming the field", malformed)
+    res.check(f"[py {label}] chatx: stream_options.include_usage: last chunk's usage counted in "
+              f"portcullis_tokens_total", usage)
 
     def forbidden():
         detail = expect_forbidden(lambda: gw.sdk("chatx", scoped).chat.completions.create(
