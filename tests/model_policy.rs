@@ -18,23 +18,24 @@ const CHAT: &str = "/v1/infer/v1/chat/completions";
 const CHATX: &str = "/v1/chatx/v1/chat/completions";
 const EMBED: &str = "/v1/embed/v1/embeddings";
 
-/// `infer` and `embed` validate only, `chatx` has a default and two aliases, and `plain` is the
+/// Upstream paths start with `/oa/`, where the recording upstream answers like an
+/// OpenAI-compatible server. `infer` and `embed` validate only, `chatx` has a default and two aliases, and `plain` is the
 /// same upstream without `api`: the control.
 fn gateway(up: &Upstream) -> (Gateway, String) {
     let gw = Gateway::builder()
         .service(Service {
             extra: "api = \"openai\"",
-            ..Service::new("infer", up.url("/infer"))
+            ..Service::new("infer", up.url("/oa/infer"))
         })
         .service(Service {
             extra: CHATX_POLICY,
-            ..Service::new("chatx", up.url("/chatx"))
+            ..Service::new("chatx", up.url("/oa/chatx"))
         })
         .service(Service {
             extra: "api = \"openai\"",
-            ..Service::new("embed", up.url("/embed"))
+            ..Service::new("embed", up.url("/oa/embed"))
         })
-        .service(Service::new("plain", up.url("/plain")))
+        .service(Service::new("plain", up.url("/oa/plain")))
         .max_body(8 * 1024 * 1024)
         .extra("[access_log]\ndestination = \"{dir}/access.log\"\n")
         .start();
@@ -307,7 +308,7 @@ fn the_model_policy_inserts_the_default_replaces_aliases_and_passes_the_rest() {
         let (status, _, resp) = post(&gw, &key, CHATX, sent.as_bytes());
         assert_eq!(status, 200, "{sent}");
         let got = up.last();
-        assert_eq!(got.target, "/chatx/v1/chat/completions");
+        assert_eq!(got.target, "/oa/chatx/v1/chat/completions");
         assert_eq!(String::from_utf8_lossy(&got.body), *want);
         assert_eq!(got.header("content-length"), Some(&*want.len().to_string()));
         assert_framing_consistent(&got);

@@ -4,11 +4,11 @@
 //!   …/close             closes the connection without a response
 //!   …/garbage           answers bytes that are not HTTP
 //!   …/status/CODE       answers CODE with an upstream WWW-Authenticate
-//!   …/chat/completions  an OpenAI-style answer echoing the model received, with `usage`
+//!   /oa/…/chat/completions  an OpenAI-style answer echoing the model received, with `usage`
 //!                       (prompt 11, completion 5); with `"stream":true` in the body an SSE
 //!                       stream of ?n=N chunks ?gap_ms=G apart whose usage event (prompt 21,
 //!                       completion 9) is written in two TCP segments ?split_ms=S apart
-//!   …/embeddings        an OpenAI-style embeddings answer with `usage` (prompt 7)
+//!   /oa/…/embeddings    an OpenAI-style embeddings answer with `usage` (prompt 7)
 //!   anything else       200 JSON, plus the session headers the gateway must strip
 
 use std::sync::{Arc, Mutex};
@@ -121,7 +121,9 @@ async fn serve(mut conn: TcpStream, shared: Shared) {
         } else if path.ends_with("/garbage") {
             let _ = conn.write_all(b"this is not http\r\n\r\n").await;
             false
-        } else if path.ends_with("/chat/completions") || path.ends_with("/embeddings") {
+        } else if path.starts_with("/oa/")
+            && (path.ends_with("/chat/completions") || path.ends_with("/embeddings"))
+        {
             openai_like(&mut conn, &req, &shared).await
         } else if let Some(code) = path.rsplit_once("/status/").map(|(_, c)| c.to_string()) {
             let body = br#"{"error":"upstream says no"}"#;
