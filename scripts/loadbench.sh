@@ -9,7 +9,12 @@
 # Reports a markdown table (stdout and bench-results/latest.md; raw rounds in
 # bench-results/latest-raw.txt). Knobs (environment): ROUNDS (5), SECONDS_PER_RUN (5),
 # CONNS (wrk connections, 64), RATE (fixed-rate test, 2000 req/s), RATE_SECONDS (5),
-# SSE_COUNT (2000), STREAMS (10000; capped by the open-file hard limit), STREAM_ROUNDS (3).
+# SSE_COUNT (2000), STREAMS (10000; capped by the open-file hard limit), STREAM_ROUNDS (3),
+# VISION_RATE (20 req/s of a 2 MB vision body), VISION_SECONDS (5).
+#
+# The model policy's cost: target "policy" is the same upstream behind a service with
+# api = "openai" and a model policy (validation, default model, usage accounting), "key" the
+# same without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -24,6 +29,8 @@ SSE_COUNT=${SSE_COUNT:-2000}
 SSE_ROUNDS=${SSE_ROUNDS:-3}
 STREAMS=${STREAMS:-10000}
 STREAM_ROUNDS=${STREAM_ROUNDS:-3}
+VISION_RATE=${VISION_RATE:-20}
+VISION_SECONDS=${VISION_SECONDS:-5}
 PROXY_CPU=0
 CLIENT_CPU=1
 
@@ -129,6 +136,13 @@ algorithms = ["RS256"]
 [services.infer]
 upstream = "http://127.0.0.1:$UP_PORT"
 scope = "infer"
+[services.policy]
+upstream = "http://127.0.0.1:$UP_PORT"
+scope = "infer"
+api = "openai"
+[services.policy.models]
+default = "bench-default"
+aliases = { bench = "bench-1" }
 EOF
     } >"$WORK/portcullis.toml"
 }
@@ -229,6 +243,7 @@ url() { # target → base URL of the chat endpoint
         direct) echo "http://127.0.0.1:$UP_PORT/v1" ;;
         nginx) echo "http://127.0.0.1:$NGX_PORT/v1/infer/v1" ;;
         key | jwt) echo "http://127.0.0.1:$GW_PORT/v1/infer/v1" ;;
+        policy) echo "http://127.0.0.1:$GW_PORT/v1/policy/v1" ;;
     esac
 }
 port() { case $1 in direct) echo "$UP_PORT" ;; nginx) echo "$NGX_PORT" ;; *) echo "$GW_PORT" ;; esac; }
@@ -245,7 +260,7 @@ server_pid() {
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
 # Every response must be a 200: a proxy answering 401s fast would win otherwise.
-for t in direct nginx key jwt; do
+for t in direct nginx key jwt policy; do
     code=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $(token $t)" \
         -H 'content-type: application/json' -d "$CHAT_BODY" "$(url $t)/chat/completions")
     [ "$code" = 200 ] || die "$t: chat request answered $code"
@@ -281,11 +296,11 @@ run_wrk() { # target seconds → "rps cpu_us_per_request"
 }
 
 log "warming up (each target, 2 s)"
-for t in direct nginx key jwt; do run_wrk "$t" 2 >/dev/null; done
+for t in direct nginx key jwt policy; do run_wrk "$t" 2 >/dev/null; done
 
 log "max throughput: $ROUNDS rounds x ${SECONDS_PER_RUN}s per target, wrk -t1 -c$CONNS"
 for r in $(seq 1 "$ROUNDS"); do
-    for t in direct nginx key jwt; do
+    for t in direct nginx key jwt policy; do
         out=$(run_wrk "$t" "$SECONDS_PER_RUN")
         read -r rps cpu <<<"$out"
         record "rps_$t $rps"
@@ -294,21 +309,27 @@ for r in $(seq 1 "$ROUNDS"); do
     log "round $r: $(awk -v r="$r" '/^rps_/ { a[$1] = $2 } END { for (k in a) printf "%s=%s ", k, a[k] }' "$RAW")"
 done
 
+# target prefix rate conns seconds body-flag body: a fixed-rate loadgen run of chat POSTs,
+# recording <prefix>50_<target>, <prefix>99_<target> and <prefix>lag_<target> (µs).
+run_rate() {
+    local t=$1 prefix=$2 rate=$3 conns=$4 secs=$5 out
+    out=$(taskset -c $CLIENT_CPU "$EX/loadgen" rate --addr "127.0.0.1:$(port "$t")" \
+        --method POST --path "$(path "$t")/chat/completions" "$6" "$7" \
+        --header "authorization: Bearer $(token "$t")" --header "content-type: application/json" \
+        --rate "$rate" --conns "$conns" --seconds "$secs" --warmup-s 1)
+    set -- $out
+    declare -A f=()
+    while [ $# -ge 2 ]; do f[$1]=$2; shift 2; done
+    [ "${f[errors]}" = 0 ] || die "$t: ${f[errors]} failed requests at $rate req/s"
+    record "${prefix}50_$t ${f[p50]}"
+    record "${prefix}99_$t ${f[p99]}"
+    record "${prefix}lag_$t ${f[lag_p99]}"
+}
+
 log "latency at $RATE req/s: $RATE_ROUNDS rounds x ${RATE_SECONDS}s per target (loadgen rate, 16 connections)"
 for r in $(seq 1 "$RATE_ROUNDS"); do
-    for t in direct nginx key jwt; do
-        out=$(taskset -c $CLIENT_CPU "$EX/loadgen" rate --addr "127.0.0.1:$(port "$t")" \
-            --method POST --path "$(path "$t")/chat/completions" --body "$CHAT_BODY" \
-            --header "authorization: Bearer $(token "$t")" --header "content-type: application/json" \
-            --rate "$RATE" --conns 16 --seconds "$RATE_SECONDS" --warmup-s 1)
-        set -- $out
-        declare -A f=()
-        while [ $# -ge 2 ]; do f[$1]=$2; shift 2; done
-        [ "${f[errors]}" = 0 ] || die "$t: ${f[errors]} failed requests at $RATE req/s"
-        record "p50_$t ${f[p50]}"
-        record "p99_$t ${f[p99]}"
-        record "lag_$t ${f[lag_p99]}"
-        unset f
+    for t in direct nginx key jwt policy; do
+        run_rate "$t" p "$RATE" 16 "$RATE_SECONDS" --body "$CHAT_BODY"
     done
 done
 
@@ -320,6 +341,24 @@ for r in $(seq 1 "$SSE_ROUNDS"); do
             --header "authorization: Bearer $(token "$t")" --header "content-type: application/json" \
             --count "$SSE_COUNT" --warmup 200)
         record "ssehead_$t $(echo "$out" | awk '{ for (i = 1; i < NF; i++) if ($i == "p50") print $(i + 1) }')"
+    done
+done
+
+# A 2 MB vision request (one base64 PNG-sized image part) with and without the model policy:
+# the policy reads the whole body before sending it on, so its cost shows in the latency.
+python3 - "$WORK/vision.json" <<'PY'
+import base64, json, os, sys
+image = base64.b64encode(os.urandom(1536 * 1024)).decode()
+body = {"model": "bench", "max_tokens": 16, "messages": [{"role": "user", "content": [
+    {"type": "text", "text": "What is in this image?"},
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + image}}]}]}
+open(sys.argv[1], "w").write(json.dumps(body))
+PY
+VISION_BYTES=$(stat -c %s "$WORK/vision.json")
+log "2 MB vision body ($VISION_BYTES bytes) at $VISION_RATE req/s: $RATE_ROUNDS rounds x ${VISION_SECONDS}s, policy off and on"
+for r in $(seq 1 "$RATE_ROUNDS"); do
+    for t in key policy; do
+        run_rate "$t" vision "$VISION_RATE" 4 "$VISION_SECONDS" --body-file "$WORK/vision.json"
     done
 done
 
@@ -358,7 +397,9 @@ mb() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
 int() { awk -v v="$1" 'BEGIN { printf "%.0f", v }'; }
 ok() { if awk "BEGIN { exit !($1) }"; then echo met; else echo "**missed**"; fi; }
 
-D=$(m rps_direct) N=$(m rps_nginx) K=$(m rps_key) J=$(m rps_jwt)
+D=$(m rps_direct) N=$(m rps_nginx) K=$(m rps_key) J=$(m rps_jwt) P=$(m rps_policy)
+V0=$(m vision50_key) V1=$(m vision50_policy)
+VADD=$(awk -v a="$V1" -v b="$V0" 'BEGIN { printf "%.0f", a - b }')
 SH=$(m ssehead_key)
 IH=$(m idle_hwm) SR=$(m streams_hwm) SO=$(m streams_open)
 # Per-stream cost from the measured count, scaled to 10,000 when the fd limit forced fewer.
@@ -376,11 +417,14 @@ mkdir -p "$OUT"
     echo "|---|---:|---:|---:|---:|---:|---|---|"
     echo "| max req/s, chat POST, API key | $(int "$D") | $(int "$N") | $(int "$K") | $(ratio "$K" "$D") | $(ratio "$K" "$N") | ≥ 0.6× direct, ≥ 1.0× nginx | $(ok "$K >= 0.6 * $D") / $(ok "$K >= $N") |"
     echo "| max req/s, chat POST, JWT (RS256) | | | $(int "$J") | $(ratio "$J" "$D") | $(ratio "$J" "$N") | ≥ 0.9× API key ($(ratio "$J" "$K")×) | $(ok "$J >= 0.9 * $K") |"
+    echo "| max req/s, chat POST, api = \"openai\" + model policy | | | $(int "$P") | $(ratio "$P" "$D") | $(ratio "$P" "$N") | ≥ 0.9× without ($(ratio "$P" "$K")×) | $(ok "$P >= 0.9 * $K") |"
     echo "| proxy CPU per request, API key (µs) | $(m cpu_direct) | $(m cpu_nginx) | $(m cpu_key) | $(ratio "$(m cpu_key)" "$(m cpu_direct)") | $(ratio "$(m cpu_key)" "$(m cpu_nginx)") | | |"
     echo "| proxy CPU per request, JWT (µs) | | | $(m cpu_jwt) | $(ratio "$(m cpu_jwt)" "$(m cpu_direct)") | $(ratio "$(m cpu_jwt)" "$(m cpu_nginx)") | | |"
     echo "| p50 at $RATE req/s, API key (ms) | $(ms "$(m p50_direct)") | $(ms "$(m p50_nginx)") | $(ms "$(m p50_key)") | $(ratio "$(m p50_key)" "$(m p50_direct)") | $(ratio "$(m p50_key)" "$(m p50_nginx)") | | |"
     echo "| p99 at $RATE req/s, API key (ms) | $(ms "$(m p99_direct)") | $(ms "$(m p99_nginx)") | $(ms "$(m p99_key)") | $(ratio "$(m p99_key)" "$(m p99_direct)") | $(ratio "$(m p99_key)" "$(m p99_nginx)") | | |"
     echo "| p50 / p99 at $RATE req/s, JWT (ms) | | | $(ms "$(m p50_jwt)") / $(ms "$(m p99_jwt)") | | | | |"
+    echo "| p50 / p99 at $RATE req/s, model policy (ms) | | | $(ms "$(m p50_policy)") / $(ms "$(m p99_policy)") | | | | |"
+    echo "| 2 MB vision body p50, policy off / on (ms) | | | $(ms "$V0") / $(ms "$V1") | | | added ≤ 2 ms ($(ms "$VADD")) | $(ok "$VADD <= 2000") |"
     echo "| SSE response head p50 (ms) | $(ms "$(m ssehead_direct)") | $(ms "$(m ssehead_nginx)") | $(ms "$SH") | $(ratio "$SH" "$(m ssehead_direct)") | $(ratio "$SH" "$(m ssehead_nginx)") | ≤ 0.2 ms | $(ok "$SH <= 200") |"
     echo "| gateway peak RSS idle (MB) | | | $(mb "$IH") | | | ≤ 30 MB | $(ok "$IH <= 30 * 1024") |"
     if [ "$SO" -ge 10000 ] 2>/dev/null; then
@@ -401,6 +445,9 @@ mkdir -p "$OUT"
     echo "kept-alive connection, time from the write to the complete response head, $SSE_COUNT per round."
     echo "RSS: VmHWM from /proc of a fresh gateway 1 s after start (idle), and with all streams open"
     echo "(each held by the upstream, one event every 5 s), $STREAMS requested per round."
+    echo "Model policy: service \`policy\` (api = \"openai\", a default and an alias; the bench body names"
+    echo "the alias, so every request is validated and rewritten and its usage read) on the same upstream"
+    echo "as \`infer\`. Vision: \`loadgen rate\` at $VISION_RATE req/s on 4 connections, a $VISION_BYTES-byte chat body."
     echo "Gateway: \`threads = 1\`, access log $ACCESS_LOG, RUST_LOG=warn; nginx 1.22:"
     echo "\`worker_processes 1\`, upstream keepalive 128, access_log off, proxy_buffering off."
     [ "$FD_LIMIT" -ge 20200 ] || echo "Open-file hard limit here: $FD_LIMIT (two sockets per proxied stream)."

@@ -6,6 +6,9 @@
 //!   alive), without it the stream stays open until the client goes away or `--max-stream-s`;
 //! - any other request gets a small chat-completion JSON with a Content-Length.
 //!
+//! Request bodies may have a Content-Length or be chunked (the gateway sends bodies it held
+//! back for the model policy chunked).
+//!
 //! Usage: `fast_upstream [--port P] [--tick-ms MS] [--max-stream-s S] [--max-life-s S]`.
 //! Binds 127.0.0.1 only; prints `listening 127.0.0.1:<port>` once ready.
 
@@ -18,7 +21,8 @@ const CHAT: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created
 const EVENT: &str = "data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"bench\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tick\"},\"finish_reason\":null}]}\n\n";
 const SSE_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n";
 const MAX_HEAD: usize = 16 * 1024;
-const MAX_BODY: usize = 1024 * 1024;
+/// Vision requests carry images of several MB.
+const MAX_BODY: usize = 40 * 1024 * 1024;
 
 struct Opts {
     port: u16,
@@ -102,18 +106,29 @@ async fn connection(mut sock: TcpStream, tick: Duration, max_stream: Duration) {
                 Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => break,
                 _ => return,
             };
-            let body_len = req
-                .headers
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-                .and_then(|h| {
-                    std::str::from_utf8(h.value)
-                        .ok()?
-                        .trim()
-                        .parse::<usize>()
-                        .ok()
-                })
-                .unwrap_or(0);
+            let chunked = req.headers.iter().any(|h| {
+                h.name.eq_ignore_ascii_case("transfer-encoding")
+                    && h.value.eq_ignore_ascii_case(b"chunked")
+            });
+            let body_len = if chunked {
+                match chunked_len(&buf[head_len..]) {
+                    Ok(Some(n)) => n,
+                    Ok(None) if buf.len() - head_len < MAX_BODY => break,
+                    _ => return,
+                }
+            } else {
+                req.headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .and_then(|h| {
+                        std::str::from_utf8(h.value)
+                            .ok()?
+                            .trim()
+                            .parse::<usize>()
+                            .ok()
+                    })
+                    .unwrap_or(0)
+            };
             if body_len > MAX_BODY {
                 return;
             }
@@ -146,10 +161,31 @@ async fn connection(mut sock: TcpStream, tick: Duration, max_stream: Duration) {
             }
             out.clear();
         }
-        let mut chunk_buf = [0u8; 8192];
+        let mut chunk_buf = [0u8; 64 * 1024];
         match sock.read(&mut chunk_buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => buf.extend_from_slice(&chunk_buf[..n]),
+        }
+    }
+}
+
+/// The length of a complete chunked body at the start of `buf` (framing included);
+/// `Ok(None)` while incomplete, `Err` when malformed. No trailers expected.
+fn chunked_len(buf: &[u8]) -> Result<Option<usize>, ()> {
+    let mut at = 0;
+    loop {
+        let Some(eol) = buf[at..].windows(2).position(|w| w == b"\r\n") else {
+            return Ok(None);
+        };
+        let line = std::str::from_utf8(&buf[at..at + eol]).map_err(|_| ())?;
+        let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|_| ())?;
+        at += eol + 2 + size + 2;
+        if buf.len() < at {
+            return Ok(None);
+        }
+        if size == 0 {
+            return Ok(Some(at));
         }
     }
 }

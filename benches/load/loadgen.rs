@@ -2,7 +2,7 @@
 //! response-head latency probe for streaming requests, and a holder of thousands of open streams.
 //!
 //! ```text
-//! loadgen rate     --addr A --path P [--method M] [--header H]... [--body B]
+//! loadgen rate     --addr A --path P [--method M] [--header H]... [--body B | --body-file F]
 //!                  --rate R --conns C --seconds S [--warmup-s W]
 //! loadgen sse-head --addr A --path P [--header H]... --count N [--warmup N]
 //! loadgen streams  --addr A --path P [--header H]... --count N --pid PID [--hold-s S]
@@ -64,6 +64,10 @@ fn args() -> Args {
             "--path" => a.path = v,
             "--header" => a.headers.push(v),
             "--body" => a.body = v,
+            // A body too big for the command line (a vision request of several MB).
+            "--body-file" => {
+                a.body = std::fs::read_to_string(&v).unwrap_or_else(|e| fail(&format!("{v}: {e}")))
+            }
             "--rate" => a.rate = num(&v),
             "--conns" => a.conns = num(&v) as usize,
             "--seconds" => a.seconds = num(&v),
