@@ -19,12 +19,22 @@ run: build
 	scripts/demo.sh
 
 # promtool (Debian's prometheus package) lints the real /metrics output in tests/metrics.rs;
-# the openssl CLI makes the throwaway CA of tests/tls.rs.
+# the openssl CLI makes the throwaway CA of tests/tls.rs; PostgreSQL's server binaries run the
+# fleet key-store tests (tests/common/postgres.rs starts its own server in a temp directory);
+# redis-server runs the fleet rate-limit tests (tests/common/redis.rs, likewise).
 test-deps: deps
 	@command -v promtool >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 || { \
 	  echo "installing promtool (Debian package prometheus) and openssl"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends prometheus openssl >/dev/null; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  echo "installing postgresql (the fleet tests start a real server of their own)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends postgresql >/dev/null; }
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server (the fleet rate-limit tests start a real one of their own)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
 
 test: test-deps
 	$(CARGO) test --lib --bins --tests -- --test-threads=4

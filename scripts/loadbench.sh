@@ -15,6 +15,10 @@
 # The model policy's cost: target "policy" is the same upstream behind a service with
 # api = "openai" and a model policy (validation, default model, usage accounting), "key" the
 # same without it.
+#
+# Fleet rate limits' cost: target "redis" is the same upstream behind a service with
+# rate_limit_per_minute (set so high nothing is refused) shared through a local redis-server
+# ([rate_limits] redis: one EVALSHA round trip per request), "key" the same without a limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -44,6 +48,7 @@ die() { log "error: $*"; exit 1; }
 missing=()
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]} with apt-get"
     $SUDO apt-get update -qq
@@ -112,6 +117,17 @@ PIDS+=($!)
 ISSUER=$(wait_line "$WORK/idp.log" issuer)
 JWT=$(wait_line "$WORK/idp.log" token)
 
+# Redis for target "redis": on the client core, like any service the gateway calls; no persistence.
+REDIS_PORT=$(free_port)
+taskset -c $CLIENT_CPU redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$WORK" >"$WORK/redis.log" 2>&1 &
+PIDS+=($!)
+for i in $(seq 1 100); do
+    [ "$(redis-cli -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ] && break
+    sleep 0.1
+done
+[ "$(redis-cli -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ] || die "redis-server did not start: $(cat "$WORK/redis.log")"
+
 # ---- the gateway ---------------------------------------------------------------------------
 GW_PORT=$(free_port)
 write_gateway_config() { # $1: with an [access_log] off section (1) or without (0)
@@ -143,6 +159,12 @@ api = "openai"
 [services.policy.models]
 default = "bench-default"
 aliases = { bench = "bench-1" }
+[services.limited]
+upstream = "http://127.0.0.1:$UP_PORT"
+scope = "infer"
+rate_limit_per_minute = 100000000
+[rate_limits]
+redis = "redis://127.0.0.1:$REDIS_PORT"
 EOF
     } >"$WORK/portcullis.toml"
 }
@@ -244,6 +266,7 @@ url() { # target → base URL of the chat endpoint
         nginx) echo "http://127.0.0.1:$NGX_PORT/v1/infer/v1" ;;
         key | jwt) echo "http://127.0.0.1:$GW_PORT/v1/infer/v1" ;;
         policy) echo "http://127.0.0.1:$GW_PORT/v1/policy/v1" ;;
+        redis) echo "http://127.0.0.1:$GW_PORT/v1/limited/v1" ;;
     esac
 }
 port() { case $1 in direct) echo "$UP_PORT" ;; nginx) echo "$NGX_PORT" ;; *) echo "$GW_PORT" ;; esac; }
@@ -259,8 +282,9 @@ server_pid() {
 }
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
+TARGETS="direct nginx key jwt policy redis"
 # Every response must be a 200: a proxy answering 401s fast would win otherwise.
-for t in direct nginx key jwt policy; do
+for t in $TARGETS; do
     code=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $(token $t)" \
         -H 'content-type: application/json' -d "$CHAT_BODY" "$(url $t)/chat/completions")
     [ "$code" = 200 ] || die "$t: chat request answered $code"
@@ -296,11 +320,11 @@ run_wrk() { # target seconds → "rps cpu_us_per_request"
 }
 
 log "warming up (each target, 2 s)"
-for t in direct nginx key jwt policy; do run_wrk "$t" 2 >/dev/null; done
+for t in $TARGETS; do run_wrk "$t" 2 >/dev/null; done
 
 log "max throughput: $ROUNDS rounds x ${SECONDS_PER_RUN}s per target, wrk -t1 -c$CONNS"
 for r in $(seq 1 "$ROUNDS"); do
-    for t in direct nginx key jwt policy; do
+    for t in $TARGETS; do
         out=$(run_wrk "$t" "$SECONDS_PER_RUN")
         read -r rps cpu <<<"$out"
         record "rps_$t $rps"
@@ -328,10 +352,15 @@ run_rate() {
 
 log "latency at $RATE req/s: $RATE_ROUNDS rounds x ${RATE_SECONDS}s per target (loadgen rate, 16 connections)"
 for r in $(seq 1 "$RATE_ROUNDS"); do
-    for t in direct nginx key jwt policy; do
+    for t in $TARGETS; do
         run_rate "$t" p "$RATE" 16 "$RATE_SECONDS" --body "$CHAT_BODY"
     done
 done
+
+# Target "redis" must really have been decided by Redis, never by the per-process fallback.
+EVALSHA_CALLS=$(redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[:=,]' '$1 == "cmdstat_evalsha" { print $3 }')
+REDIS_FALLBACKS=$(grep -c 'rate limits: Redis at .* unavailable' "$WORK/gateway.log" || true)
+[ "${REDIS_FALLBACKS:-0}" = 0 ] || log "warning: the gateway fell back to per-process limits $REDIS_FALLBACKS time(s)"
 
 log "SSE response head: $SSE_ROUNDS rounds x $SSE_COUNT sequential streams per target"
 for r in $(seq 1 "$SSE_ROUNDS"); do
@@ -397,7 +426,7 @@ mb() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
 int() { awk -v v="$1" 'BEGIN { printf "%.0f", v }'; }
 ok() { if awk "BEGIN { exit !($1) }"; then echo met; else echo "**missed**"; fi; }
 
-D=$(m rps_direct) N=$(m rps_nginx) K=$(m rps_key) J=$(m rps_jwt) P=$(m rps_policy)
+D=$(m rps_direct) N=$(m rps_nginx) K=$(m rps_key) J=$(m rps_jwt) P=$(m rps_policy) R=$(m rps_redis)
 V0=$(m vision50_key) V1=$(m vision50_policy)
 VADD=$(awk -v a="$V1" -v b="$V0" 'BEGIN { printf "%.0f", a - b }')
 SH=$(m ssehead_key)
@@ -418,12 +447,15 @@ mkdir -p "$OUT"
     echo "| max req/s, chat POST, API key | $(int "$D") | $(int "$N") | $(int "$K") | $(ratio "$K" "$D") | $(ratio "$K" "$N") | ≥ 0.6× direct, ≥ 1.0× nginx | $(ok "$K >= 0.6 * $D") / $(ok "$K >= $N") |"
     echo "| max req/s, chat POST, JWT (RS256) | | | $(int "$J") | $(ratio "$J" "$D") | $(ratio "$J" "$N") | ≥ 0.9× API key ($(ratio "$J" "$K")×) | $(ok "$J >= 0.9 * $K") |"
     echo "| max req/s, chat POST, api = \"openai\" + model policy | | | $(int "$P") | $(ratio "$P" "$D") | $(ratio "$P" "$N") | ≥ 0.9× without ($(ratio "$P" "$K")×) | $(ok "$P >= 0.9 * $K") |"
+    echo "| max req/s, chat POST, rate limit shared through Redis | | | $(int "$R") | $(ratio "$R" "$D") | $(ratio "$R" "$N") | ≥ 0.8× without ($(ratio "$R" "$K")×) | $(ok "$R >= 0.8 * $K") |"
     echo "| proxy CPU per request, API key (µs) | $(m cpu_direct) | $(m cpu_nginx) | $(m cpu_key) | $(ratio "$(m cpu_key)" "$(m cpu_direct)") | $(ratio "$(m cpu_key)" "$(m cpu_nginx)") | | |"
     echo "| proxy CPU per request, JWT (µs) | | | $(m cpu_jwt) | $(ratio "$(m cpu_jwt)" "$(m cpu_direct)") | $(ratio "$(m cpu_jwt)" "$(m cpu_nginx)") | | |"
     echo "| p50 at $RATE req/s, API key (ms) | $(ms "$(m p50_direct)") | $(ms "$(m p50_nginx)") | $(ms "$(m p50_key)") | $(ratio "$(m p50_key)" "$(m p50_direct)") | $(ratio "$(m p50_key)" "$(m p50_nginx)") | | |"
     echo "| p99 at $RATE req/s, API key (ms) | $(ms "$(m p99_direct)") | $(ms "$(m p99_nginx)") | $(ms "$(m p99_key)") | $(ratio "$(m p99_key)" "$(m p99_direct)") | $(ratio "$(m p99_key)" "$(m p99_nginx)") | | |"
     echo "| p50 / p99 at $RATE req/s, JWT (ms) | | | $(ms "$(m p50_jwt)") / $(ms "$(m p99_jwt)") | | | | |"
     echo "| p50 / p99 at $RATE req/s, model policy (ms) | | | $(ms "$(m p50_policy)") / $(ms "$(m p99_policy)") | | | | |"
+    echo "| p50 / p99 at $RATE req/s, Redis rate limit (ms) | | | $(ms "$(m p50_redis)") / $(ms "$(m p99_redis)") | | | | |"
+    echo "| proxy CPU per request, Redis rate limit (µs) | | | $(m cpu_redis) | | | ($(ratio "$(m cpu_redis)" "$(m cpu_key)")× without) | |"
     echo "| 2 MB vision body p50, policy off / on (ms) | | | $(ms "$V0") / $(ms "$V1") | | | added ≤ 2 ms ($(ms "$VADD")) | $(ok "$VADD <= 2000") |"
     echo "| SSE response head p50 (ms) | $(ms "$(m ssehead_direct)") | $(ms "$(m ssehead_nginx)") | $(ms "$SH") | $(ratio "$SH" "$(m ssehead_direct)") | $(ratio "$SH" "$(m ssehead_nginx)") | ≤ 0.2 ms | $(ok "$SH <= 200") |"
     echo "| gateway peak RSS idle (MB) | | | $(mb "$IH") | | | ≤ 30 MB | $(ok "$IH <= 30 * 1024") |"
@@ -447,7 +479,10 @@ mkdir -p "$OUT"
     echo "(each held by the upstream, one event every 5 s), $STREAMS requested per round."
     echo "Model policy: service \`policy\` (api = \"openai\", a default and an alias; the bench body names"
     echo "the alias, so every request is validated and rewritten and its usage read) on the same upstream"
-    echo "as \`infer\`. Vision: \`loadgen rate\` at $VISION_RATE req/s on 4 connections, a $VISION_BYTES-byte chat body."
+    echo "as \`infer\`. Redis rate limit: service \`limited\` (rate_limit_per_minute = 100000000, nothing"
+    echo "refused) with [rate_limits] redis, a redis-server $(redis-server --version | awk '{ print $3 }' | tr -d v=) on the client core; it answered"
+    echo "${EVALSHA_CALLS:-0} EVALSHA calls, and the gateway fell back to per-process limits ${REDIS_FALLBACKS:-0} time(s)."
+    echo "Vision: \`loadgen rate\` at $VISION_RATE req/s on 4 connections, a $VISION_BYTES-byte chat body."
     echo "Gateway: \`threads = 1\`, access log $ACCESS_LOG, RUST_LOG=warn; nginx 1.22:"
     echo "\`worker_processes 1\`, upstream keepalive 128, access_log off, proxy_buffering off."
     [ "$FD_LIMIT" -ge 20200 ] || echo "Open-file hard limit here: $FD_LIMIT (two sockets per proxied stream)."

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::auth::api_keys::{self, KeyRecord, KeyStore, SqliteStore};
+use crate::auth::api_keys::{self, KeyRecord};
 use crate::auth::unix_now;
 use crate::config::Config;
 use crate::server::{self, ServeOptions};
@@ -112,7 +112,7 @@ fn keys(command: KeysCommand) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async move {
-        let store = SqliteStore::open(&settings.database)
+        let store = api_keys::open_store(&settings.database)
             .await
             .map_err(|e| format!("cannot open the key store: {e}"))?;
         match command {
@@ -130,7 +130,7 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                     .map(|s| parse_lifetime(&s, unix_now()))
                     .transpose()
                     .map_err(|e| format!("--expires-in: {e}"))?;
-                let key = api_keys::create_key(&store, &name, scopes, expires_in)
+                let key = api_keys::create_key(&*store, &name, scopes, expires_in)
                     .await
                     .map_err(|e| format!("cannot create the key: {e}"))?;
                 println!("key id:  {}", key.record.key_id);

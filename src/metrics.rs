@@ -28,10 +28,12 @@ pub struct Metrics {
     auth_failures: IntCounterVec,
     active_streams: IntGaugeVec,
     access_log_dropped: IntCounter,
+    rate_limit_backend_errors: IntCounterVec,
     upstream_errors: IntCounterVec,
     key_store_lookups: IntCounterVec,
     jwks_fetches: IntCounterVec,
     tokens: IntCounterVec,
+    revocation_push: IntCounterVec,
 }
 
 impl Metrics {
@@ -81,6 +83,14 @@ impl Metrics {
             "Access-log lines dropped because the writer fell behind.",
         )
         .expect("valid metric");
+        let rate_limit_backend_errors = IntCounterVec::new(
+            Opts::new(
+                "portcullis_rate_limit_backend_errors_total",
+                "Rate-limited requests decided per process because Redis ([rate_limits] redis) failed, by reason: error, timeout, unavailable (down, not asked).",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
         let upstream_errors = IntCounterVec::new(
             Opts::new(
                 "portcullis_upstream_errors_total",
@@ -113,8 +123,17 @@ impl Metrics {
             &["service", "kind"],
         )
         .expect("valid metric");
+        let revocation_push = IntCounterVec::new(
+            Opts::new(
+                "portcullis_revocation_push_total",
+                "Fleet revocation push (Postgres LISTEN) events: notified, disconnected, reconnected, error (a failed attempt to listen).",
+            ),
+            &["event"],
+        )
+        .expect("valid metric");
         for m in [
-            Box::new(tokens.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(revocation_push.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(tokens.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(key_store_lookups.clone()),
             Box::new(jwks_fetches.clone()),
@@ -124,6 +143,7 @@ impl Metrics {
             Box::new(auth_failures.clone()),
             Box::new(active_streams.clone()),
             Box::new(access_log_dropped.clone()),
+            Box::new(rate_limit_backend_errors.clone()),
         ] {
             registry.register(m).expect("metric names are unique");
         }
@@ -135,10 +155,12 @@ impl Metrics {
             auth_failures,
             active_streams,
             access_log_dropped,
+            rate_limit_backend_errors,
             upstream_errors,
             key_store_lookups,
             jwks_fetches,
             tokens,
+            revocation_push,
         }
     }
 
@@ -194,6 +216,11 @@ impl Metrics {
         self.access_log_dropped.inc();
     }
 
+    /// Handed to the Redis rate-limit backend, which counts its failures.
+    pub fn rate_limit_backend_errors(&self) -> IntCounterVec {
+        self.rate_limit_backend_errors.clone()
+    }
+
     pub fn upstream_error(&self, service: &str, kind: &'static str) {
         self.upstream_errors
             .with_label_values(&[service, kind])
@@ -203,6 +230,11 @@ impl Metrics {
     /// Handed to the API-key verifier, which counts its store lookups.
     pub fn key_store_lookups(&self) -> IntCounterVec {
         self.key_store_lookups.clone()
+    }
+
+    /// Handed to the revocation listener, which counts what happens to it.
+    pub fn revocation_push_events(&self) -> IntCounterVec {
+        self.revocation_push.clone()
     }
 
     /// Handed to the JWT verifier, which counts its JWKS fetches.

@@ -15,7 +15,7 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
 use crate::access_log;
-use crate::auth::api_keys::{ApiKeyVerifier, SqliteStore};
+use crate::auth::api_keys::{open_store, ApiKeyVerifier, RevocationPush};
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::Authenticator;
 use crate::config::Config;
@@ -33,7 +33,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     // Stores and key sets are opened now, so a bad database path or an unreachable issuer
     // fails at start-up, not on the first request. The runtime is dropped before Pingora forks.
     let metrics = Arc::new(Metrics::new());
-    let (auth, jwt) = tokio::runtime::Builder::new_current_thread()
+    let (auth, jwt, push) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?
@@ -105,6 +105,12 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     if let Some(jwt) = jwt {
         server.add_service(background_service("jwks refresh", JwksRefresh(jwt)));
     }
+    if let Some(push) = push {
+        server.add_service(background_service(
+            "revocation push",
+            RevocationListener(push),
+        ));
+    }
     server.add_service(background_service("access log", access_log_service));
     server.add_service(background_service(
         "drain",
@@ -141,16 +147,30 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
 async fn build_auth(
     config: &Config,
     metrics: &Metrics,
-) -> Result<(Authenticator, Option<Arc<JwtVerifier>>), String> {
+) -> Result<
+    (
+        Authenticator,
+        Option<Arc<JwtVerifier>>,
+        Option<RevocationPush>,
+    ),
+    String,
+> {
     let mut auth = Authenticator::default();
+    let mut push = None;
     if let Some(keys) = &config.api_keys {
-        let store = SqliteStore::open(&keys.database)
+        let store = open_store(&keys.database)
             .await
             .map_err(|e| format!("auth.api_keys.database: cannot open: {e}"))?;
-        auth.api_keys = Some(
-            ApiKeyVerifier::new(Arc::new(store), keys.cache_ttl, keys.negative_cache_ttl)
-                .with_lookup_counter(metrics.key_store_lookups()),
-        );
+        let verifier = ApiKeyVerifier::new(store, keys.cache_ttl, keys.negative_cache_ttl)
+            .with_lookup_counter(metrics.key_store_lookups());
+        if keys.revocation_push {
+            push = Some(
+                verifier
+                    .revocation_push(&keys.database)
+                    .with_event_counter(metrics.revocation_push_events()),
+            );
+        }
+        auth.api_keys = Some(verifier);
     }
     let jwt = match &config.jwt {
         Some(settings) => {
@@ -170,7 +190,19 @@ async fn build_auth(
         None => None,
     };
     auth.jwt = jwt.clone();
-    Ok((auth, jwt))
+    Ok((auth, jwt, push))
+}
+
+struct RevocationListener(RevocationPush);
+
+#[async_trait]
+impl BackgroundService for RevocationListener {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        tokio::select! {
+            _ = self.0.run() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
 }
 
 struct JwksRefresh(Arc<JwtVerifier>);

@@ -16,6 +16,14 @@ pub struct File {
     pub auth: Auth,
     #[serde(default)]
     pub services: BTreeMap<String, Service>,
+    pub rate_limits: Option<RateLimits>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimits {
+    /// `redis://[user:password@]host[:port][/db]`: counts shared by every gateway using it.
+    pub redis: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -68,6 +76,8 @@ pub struct ApiKeys {
     pub database: String,
     pub cache_ttl_seconds: Option<u64>,
     pub negative_cache_ttl_seconds: Option<u64>,
+    /// Postgres only: revocations pushed to every gateway (LISTEN/NOTIFY). Default on.
+    pub revocation_push: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

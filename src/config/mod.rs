@@ -25,6 +25,7 @@ pub struct Config {
     pub api_keys: Option<ApiKeySettings>,
     pub jwt: Option<JwtSettings>,
     pub services: Vec<ServiceConfig>,
+    pub rate_limits: RateLimitSettings,
 }
 
 #[derive(Debug, Clone)]
@@ -78,9 +79,22 @@ const DEFAULT_ACCESS_LOG_FILES: usize = 5;
 
 #[derive(Debug, Clone)]
 pub struct ApiKeySettings {
+    /// `sqlite://…` or `postgres://…`; may hold a password: never print it, see `shown_database`.
     pub database: String,
     pub cache_ttl: Duration,
     pub negative_cache_ttl: Duration,
+    /// Listen for revocations made anywhere (Postgres only).
+    pub revocation_push: bool,
+}
+
+impl ApiKeySettings {
+    pub fn is_postgres(&self) -> bool {
+        is_postgres_url(&self.database)
+    }
+}
+
+fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
 #[derive(Debug, Clone)]
@@ -105,13 +119,35 @@ pub struct ServiceConfig {
     pub idle_timeout: Duration,
     /// Set on every upstream request, values already expanded; marked sensitive so they never print.
     pub upstream_headers: Vec<(HeaderName, HeaderValue)>,
-    /// Requests per principal per minute, per process; `None` for no limit.
+    /// Requests per principal per minute: per process, or per fleet with `[rate_limits] redis`;
+    /// `None` for no limit.
     pub rate_limit_per_minute: Option<u32>,
     /// DER certificates from `ca_file`: the only roots trusted for this upstream when set.
     pub ca_certs: Option<Vec<Vec<u8>>>,
     /// Set by `api = "openai"`: chat and embeddings bodies are validated and the model policy
     /// applied. `None`: bodies are never read.
     pub openai: Option<Models>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RateLimitSettings {
+    /// `[rate_limits] redis`: counts shared by every gateway using this Redis; `None`: per process.
+    pub redis: Option<RedisServer>,
+}
+
+/// A validated `redis://` URL. It may hold a password: `Debug` shows `shown` only.
+#[derive(Clone)]
+pub struct RedisServer {
+    /// Made from the URL without connecting: connections are made on first use.
+    pub client: redis::Client,
+    /// `redis://host:port/db`: never the user name or password.
+    pub shown: String,
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.shown)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -268,6 +304,7 @@ impl Config {
                 .into_iter()
                 .filter_map(|(name, s)| v.service(name, s))
                 .collect(),
+            rate_limits: v.rate_limits(raw.rate_limits),
         };
         if config.services.is_empty() && v.problems.is_empty() {
             v.problem("services", "no service is configured");
@@ -476,14 +513,23 @@ impl Validator<'_> {
         let database = self
             .expand("auth.api_keys.database", &a.database)
             .unwrap_or_default();
-        if database.starts_with("postgres://") || database.starts_with("postgresql://") {
-            // The store trait and schema are ready for it; the driver is not wired in yet.
+        let postgres = is_postgres_url(&database);
+        if postgres {
+            // The URL may carry a password: its problems never quote it.
+            if let Err(e) = crate::auth::api_keys::postgres::check_url(&database) {
+                self.problem("auth.api_keys.database", e);
+            }
+        } else if !database.starts_with("sqlite:") {
             self.problem(
                 "auth.api_keys.database",
-                "postgres:// key stores are not supported by this build yet: use sqlite://PATH",
+                "must be a sqlite:// or postgres:// URL",
             );
-        } else if !database.starts_with("sqlite:") {
-            self.problem("auth.api_keys.database", "must be a sqlite:// URL");
+        }
+        if a.revocation_push == Some(true) && !postgres {
+            self.problem(
+                "auth.api_keys.revocation_push",
+                "needs a postgres:// database (a SQLite store serves one host)",
+            );
         }
         let cache_ttl = a.cache_ttl_seconds.unwrap_or(15);
         if cache_ttl == 0 {
@@ -493,6 +539,7 @@ impl Validator<'_> {
             database,
             cache_ttl: Duration::from_secs(cache_ttl),
             negative_cache_ttl: Duration::from_secs(a.negative_cache_ttl_seconds.unwrap_or(5)),
+            revocation_push: postgres && a.revocation_push.unwrap_or(true),
         }
     }
 
@@ -650,6 +697,17 @@ impl Validator<'_> {
         })
     }
 
+    /// `[rate_limits]`: the Redis URL may carry a password, so its problems never quote it.
+    fn rate_limits(&mut self, r: Option<file::RateLimits>) -> RateLimitSettings {
+        let redis = r.and_then(|r| r.redis).and_then(|raw| {
+            let url = self.expand("rate_limits.redis", &raw)?;
+            parse_redis(&url)
+                .map_err(|e| self.problem("rate_limits.redis", e))
+                .ok()
+        });
+        RateLimitSettings { redis }
+    }
+
     /// `api` and `[services.<name>.models]`: a policy only means something on a service whose
     /// bodies the gateway reads, so `models` without `api = "openai"` is refused, not ignored.
     fn openai_policy(
@@ -718,6 +776,47 @@ fn http_url(s: &str) -> Option<http::Uri> {
     matches!(uri.scheme_str(), Some("http" | "https")).then_some(())?;
     uri.host()?;
     Some(uri)
+}
+
+/// `redis://[user[:password]@]host[:port][/db]`. Not resolved or connected here: a Redis that is
+/// down or unresolvable at start-up must not stop the gateway. Problems never quote the URL.
+fn parse_redis(url: &str) -> Result<RedisServer, String> {
+    const SHAPE: &str = "expected redis://[user:password@]host[:port][/db]";
+    let parsed =
+        redis::parse_redis_url(url).ok_or_else(|| format!("is not a valid URL: {SHAPE}"))?;
+    if parsed.scheme() != "redis" {
+        return Err(format!(
+            "`{}://` is not supported (no TLS or unix socket in this build): {SHAPE}",
+            parsed.scheme()
+        ));
+    }
+    let host = parsed.host_str().unwrap_or_default();
+    if host.is_empty() {
+        return Err(format!("has no host: {SHAPE}"));
+    }
+    if matches!(host, "0.0.0.0" | "[::]") {
+        return Err(format!("`{host}` is a wildcard address, not a server"));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(format!("must not have a query string or fragment: {SHAPE}"));
+    }
+    let db = match parsed.path().trim_start_matches('/') {
+        "" => 0,
+        path => path
+            .parse::<u32>()
+            .map_err(|_| format!("the path must be a database number such as /0: {SHAPE}"))?,
+    };
+    // TCP_NODELAY: requests share one connection, and Nagle's algorithm would hold a command
+    // back until the previous one is acknowledged (40 ms with delayed ACKs).
+    let info = redis::IntoConnectionInfo::into_connection_info(url)
+        .map_err(|e| format!("is not usable: {e}"))?
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    let client = redis::Client::open(info).map_err(|e| format!("is not usable: {e}"))?;
+    let port = parsed.port().unwrap_or(6379);
+    Ok(RedisServer {
+        client,
+        shown: format!("redis://{host}:{port}/{db}"),
+    })
 }
 
 /// `scheme://host[:port][/base-path]`, resolved to a socket address now.

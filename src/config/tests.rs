@@ -127,9 +127,39 @@ fn refuses_bad_server_and_auth_values() {
     ));
     assert!(p.contains("auth.api_keys.database"), "{p}");
     let p = problems(&format!(
-        "{MINIMAL}[auth.api_keys]\ndatabase = \"postgres://db/keys\"\n"
+        "{MINIMAL}[auth.api_keys]\ndatabase = \"postgres://u:pw-7@db:notaport/keys\"\n"
     ));
-    assert!(p.contains("not supported by this build yet"), "{p}");
+    assert!(
+        p.contains("auth.api_keys.database: is not a valid postgres://") && !p.contains("pw-7"),
+        "{p}"
+    );
+    let p = problems(&format!(
+        "{MINIMAL}[auth.api_keys]\ndatabase = \"sqlite://k.db\"\nrevocation_push = true\n"
+    ));
+    assert!(
+        p.contains("revocation_push: needs a postgres:// database"),
+        "{p}"
+    );
+}
+
+#[test]
+fn a_postgres_key_store_pushes_revocations_unless_told_not_to() {
+    let c = parse(&format!(
+        "{MINIMAL}[auth.api_keys]\ndatabase = \"postgres://u:pw@db.example:5433/keys\"\n"
+    ))
+    .unwrap();
+    let keys = c.api_keys.unwrap();
+    assert!(keys.is_postgres() && keys.revocation_push);
+    let c = parse(&format!(
+        "{MINIMAL}[auth.api_keys]\ndatabase = \"postgresql://db/keys\"\nrevocation_push = false\n"
+    ))
+    .unwrap();
+    assert!(!c.api_keys.unwrap().revocation_push);
+    let c = parse(&format!(
+        "{MINIMAL}[auth.api_keys]\ndatabase = \"sqlite://k.db\"\n"
+    ))
+    .unwrap();
+    assert!(!c.api_keys.unwrap().revocation_push);
 }
 
 #[test]
@@ -237,4 +267,92 @@ fn the_model_policy_is_opt_in_and_checked() {
         "{MINIMAL}api = \"openai\"\n[services.infer.models]\nfallback = \"m\"\n"
     ));
     assert!(p.contains("fallback"), "{p}");
+}
+
+#[test]
+fn rate_limits_redis_is_optional_and_checked_without_connecting() {
+    assert!(parse(MINIMAL).unwrap().rate_limits.redis.is_none());
+    assert!(parse(&format!("{MINIMAL}[rate_limits]\n"))
+        .unwrap()
+        .rate_limits
+        .redis
+        .is_none());
+    let redis = |url: &str| {
+        parse(&format!("{MINIMAL}[rate_limits]\nredis = \"{url}\"\n"))
+            .map(|c| c.rate_limits.redis.unwrap().shown)
+    };
+    assert_eq!(
+        redis("redis://10.0.0.5:6380/2").unwrap(),
+        "redis://10.0.0.5:6380/2"
+    );
+    // Neither resolved nor connected at start-up: a Redis that is down must not stop the gateway.
+    assert_eq!(
+        redis("redis://redis.invalid").unwrap(),
+        "redis://redis.invalid:6379/0"
+    );
+    assert_eq!(
+        redis("redis://[::1]:7000/").unwrap(),
+        "redis://[::1]:7000/0"
+    );
+    // A password (here from the environment) is never shown, not even by Debug.
+    let c = parse(&format!(
+        "{MINIMAL}[rate_limits]\nredis = \"redis://portcullis:${{CHATX_UPSTREAM_KEY}}@cache.internal:6379/1\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.rate_limits.redis.as_ref().unwrap().shown,
+        "redis://cache.internal:6379/1"
+    );
+    let debug = format!("{c:?}");
+    assert!(
+        !debug.contains("sk-upstream") && !debug.contains("portcullis:"),
+        "{debug}"
+    );
+    for bad in [
+        "http://cache:6379",
+        "rediss://:hunter2@cache:6379",
+        "redis+unix:///run/redis.sock",
+        "redis://:hunter2@cache:6379/zero",
+        "redis://:hunter2@cache:6379/0?protocol=resp3",
+        "redis://:hunter2@0.0.0.0:6379",
+        "redis://:hunter2@cache:99999",
+        "hunter2",
+        "",
+    ] {
+        let p = problems(&format!("{MINIMAL}[rate_limits]\nredis = \"{bad}\"\n"));
+        assert!(
+            p.starts_with("test.toml: rate_limits.redis: "),
+            "{bad}: {p}"
+        );
+        assert_eq!(p.lines().count(), 1, "{bad}: {p}");
+        assert!(!p.contains("hunter2"), "{bad}: the password is quoted: {p}");
+    }
+    let p = problems(&format!(
+        "{MINIMAL}[rate_limits]\nredis = \"redis://${{NOT_SET}}@cache\"\n"
+    ));
+    assert!(
+        p.contains("rate_limits.redis") && p.contains("NOT_SET"),
+        "{p}"
+    );
+    let p = problems(&format!(
+        "{MINIMAL}[rate_limits]\nredis_url = \"redis://cache\"\n"
+    ));
+    assert!(p.contains("test.toml") && p.contains("redis_url"), "{p}");
+}
+
+#[test]
+fn the_reference_rate_limits_example_parses_when_uncommented() {
+    let text = std::fs::read_to_string("conf/portcullis.toml")
+        .unwrap()
+        .replace("api.provider-x.example", "127.0.0.1")
+        .replace("api.provider-y.example", "127.0.0.1")
+        .replace("console.example.com", "127.0.0.1")
+        .replace("# [rate_limits]", "[rate_limits]")
+        .replace("# redis = ", "redis = ")
+        .replace("${REDIS_PASSWORD}", "${CHATX_UPSTREAM_KEY}");
+    let c = parse(&text).unwrap();
+    assert_eq!(
+        c.rate_limits.redis.unwrap().shown,
+        "redis://redis.internal:6379/0"
+    );
 }

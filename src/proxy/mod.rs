@@ -25,14 +25,14 @@ use crate::config::{Config, ServiceConfig};
 use crate::errors::{write_local, GatewayError, Malformed};
 use crate::metrics::Metrics;
 use crate::model_policy::{Endpoint, Models};
-use crate::rate_limit::Limiter;
+use crate::rate_limit::{self, Limit};
 use crate::routing::{self, Target};
 
 pub struct Gateway {
     services: Vec<ServiceConfig>,
     peers: Vec<HttpPeer>,
     /// Per service, parallel to `services`.
-    limits: Vec<Option<Limiter>>,
+    limits: Vec<Limit>,
     max_body: u64,
     auth: Authenticator,
     metrics: Arc<Metrics>,
@@ -62,12 +62,25 @@ impl Gateway {
             // Present from the start at 0, so a rate() over it is defined before the first call.
             metrics.tokens(&service.name, Some(0), Some(0));
         }
+        // One Redis connection for the process, shared by every limited service.
+        let limited = config
+            .services
+            .iter()
+            .any(|s| s.rate_limit_per_minute.is_some());
+        let shared = (config.rate_limits.redis.as_ref())
+            .filter(|_| limited)
+            .map(|server| {
+                Arc::new(rate_limit::Backend::new(
+                    server,
+                    &metrics.rate_limit_backend_errors(),
+                ))
+            });
         Gateway {
             peers: config.services.iter().map(upstream::peer_for).collect(),
             limits: config
                 .services
                 .iter()
-                .map(|s| s.rate_limit_per_minute.map(Limiter::per_minute))
+                .map(|s| Limit::new(&s.name, s.rate_limit_per_minute, shared.as_ref()))
                 .collect(),
             services: config.services.clone(),
             max_body: config.server.max_request_body_bytes,
@@ -120,10 +133,9 @@ impl Gateway {
         if !principal.has_scope(&self.services[route].scope) {
             return Decision::Reject(GatewayError::Forbidden);
         }
-        if let Some(limiter) = &self.limits[route] {
-            if let Err(retry_after) = limiter.check(&principal) {
-                return Decision::Reject(GatewayError::RateLimited(retry_after));
-            }
+        // Per process, or per fleet through Redis (`[rate_limits] redis`).
+        if let Err(retry_after) = self.limits[route].check(&principal).await {
+            return Decision::Reject(GatewayError::RateLimited(retry_after));
         }
         // A declared body over the limit is refused before a byte of it is read.
         if let Some(declared) = req.headers.get(http::header::CONTENT_LENGTH) {

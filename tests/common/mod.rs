@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod idp;
+pub mod postgres;
+pub mod redis;
 pub mod upstream;
 
 use std::io::{Read, Write};
@@ -59,6 +61,8 @@ pub struct GatewayBuilder<'a> {
     cache_ttl: u64,
     grace_period: u64,
     max_body: u64,
+    /// `[auth.api_keys] database`; a SQLite file of the gateway's own by default.
+    key_store: Option<String>,
     args: Vec<String>,
 }
 
@@ -86,6 +90,12 @@ impl<'a> GatewayBuilder<'a> {
     }
 
     /// `server.grace_period_seconds` (default 5).
+    /// A key store shared with other gateways, e.g. a Postgres URL.
+    pub fn key_store(mut self, database: &str) -> Self {
+        self.key_store = Some(database.to_string());
+        self
+    }
+
     pub fn max_body(mut self, bytes: u64) -> Self {
         self.max_body = bytes;
         self
@@ -113,9 +123,14 @@ impl<'a> GatewayBuilder<'a> {
              upgrade_sock = \"{d}/upgrade.sock\"\npid_file = \"{d}/portcullis.pid\"\n\
              max_request_body_bytes = {}\n\
              [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\
-             [auth.api_keys]\ndatabase = \"sqlite://{d}/keys.db\"\n\
+             [auth.api_keys]\ndatabase = \"{}\"\n\
              cache_ttl_seconds = {}\nnegative_cache_ttl_seconds = 1\n",
-            self.grace_period, self.max_body, self.cache_ttl
+            self.grace_period,
+            self.max_body,
+            self.key_store
+                .clone()
+                .unwrap_or_else(|| format!("sqlite://{d}/keys.db")),
+            self.cache_ttl
         );
         for s in &self.services {
             toml.push_str(&format!(
@@ -159,6 +174,7 @@ impl Gateway {
             cache_ttl: 15,
             grace_period: 5,
             max_body: 4096,
+            key_store: None,
             args: Vec::new(),
         }
     }

@@ -276,8 +276,9 @@ class Idp:
 # ---- the gateway --------------------------------------------------------------------------------
 
 class Gateway:
-    def __init__(self, binary, tmp, upstream_port, issuer):
+    def __init__(self, binary, tmp, upstream_port, issuer, key_store=None):
         self.binary, self.tmp = binary, tmp
+        key_store = key_store or f"sqlite://{tmp}/keys.db"
         self.port = free_port()
         self.metrics_port = free_port()
         self.config = os.path.join(tmp, "portcullis.toml")
@@ -302,7 +303,7 @@ pid_file = "{tmp}/portcullis.pid"
 listen = "127.0.0.1:{self.metrics_port}"
 
 [auth.api_keys]
-database = "sqlite://{tmp}/keys.db"
+database = "{key_store}"
 
 [auth.jwt]
 issuer = "{issuer}"
@@ -827,6 +828,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "debug", "portcullis"))
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
+    ap.add_argument("--key-store", help="[auth.api_keys] database (default: a SQLite file in the temp dir)")
     ap.add_argument("--timeout", type=int, default=600, help="whole-run limit in seconds")
     args = ap.parse_args()
 
@@ -843,14 +845,15 @@ def main():
     started = time.monotonic()
     tmp = tempfile.mkdtemp(prefix="portcullis-sdk-")
     res = Results()
-    print(f"openai (Python) {openai.__version__}; logs in {tmp}", flush=True)
+    store = "Postgres" if (args.key_store or "").startswith("postgres") else "SQLite"
+    print(f"openai (Python) {openai.__version__}; {store} key store; logs in {tmp}", flush=True)
     try:
         upstream = Child("upstream", [sys.executable, os.path.join(ROOT, "demo", "upstream.py"),
                                       "--port", "0", "--token-delay-ms", "2"],
                          os.path.join(tmp, "upstream.log"), wait_listening=True)
         idp = Idp(tmp)
         idp.start()
-        gw = Gateway(args.bin, tmp, upstream.port, idp.issuer)
+        gw = Gateway(args.bin, tmp, upstream.port, idp.issuer, args.key_store)
         print(f"upstream :{upstream.port}, provider {idp.issuer}, gateway {gw.url}", flush=True)
         key_all = gw.create_key("sdk-all", "infer,chatx,chaty,embed")
         key_embed = gw.create_key("sdk-embed-only", "embed")

@@ -2,6 +2,8 @@
 //! the store. The cache holds verifiers by key id, never secrets; its TTL is the revocation bound.
 
 mod outage;
+pub mod postgres;
+mod push;
 pub mod store;
 
 use std::sync::Arc;
@@ -17,7 +19,8 @@ use subtle::ConstantTimeEq;
 use super::token::{KeyId, API_KEY_PREFIX};
 use super::{unix_now, Principal, PrincipalKind};
 use outage::StoreHealth;
-pub use store::{KeyRecord, KeyStore, SqliteStore, StoreError, StoredKey};
+pub use push::RevocationPush;
+pub use store::{open_store, KeyRecord, KeyStore, SqliteStore, StoreError, StoredKey};
 
 #[derive(Clone)]
 enum Entry {
@@ -56,7 +59,7 @@ impl Expiry<KeyId, Entry> for EntryExpiry {
 pub struct ApiKeyVerifier {
     store: Arc<dyn KeyStore>,
     cache: Cache<KeyId, Entry>,
-    health: StoreHealth,
+    health: Arc<StoreHealth>,
     /// `portcullis_key_store_lookups_total{result}`, when metrics are on.
     lookups: Option<prometheus::IntCounterVec>,
 }
@@ -73,7 +76,7 @@ impl ApiKeyVerifier {
         ApiKeyVerifier {
             store,
             cache,
-            health: StoreHealth::default(),
+            health: Arc::default(),
             lookups: None,
         }
     }
@@ -105,6 +108,15 @@ impl ApiKeyVerifier {
                 (secret_ok && live).then(|| key.principal.clone())
             }
         }
+    }
+
+    /// The listener that evicts keys revoked anywhere in the fleet, for `database` (Postgres).
+    pub fn revocation_push(&self, database: &str) -> RevocationPush {
+        RevocationPush::new(
+            database.to_string(),
+            self.cache.clone(),
+            self.health.clone(),
+        )
     }
 
     /// Whether the store is known to be down right now.

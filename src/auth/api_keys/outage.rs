@@ -9,6 +9,9 @@ pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 
 pub struct StoreHealth {
     down: AtomicBool,
+    /// Set by the revocation listener while its connection to the store is lost: no request
+    /// then waits on the store at all; the listener's reconnection is the probe.
+    held_down: AtomicBool,
     /// Milliseconds since `epoch` before which no new attempt is made while down.
     next_attempt_ms: AtomicU64,
     epoch: Instant,
@@ -18,6 +21,7 @@ impl Default for StoreHealth {
     fn default() -> StoreHealth {
         StoreHealth {
             down: AtomicBool::new(false),
+            held_down: AtomicBool::new(false),
             next_attempt_ms: AtomicU64::new(0),
             epoch: Instant::now(),
         }
@@ -35,6 +39,9 @@ impl StoreHealth {
         if !self.is_down() {
             return true;
         }
+        if self.held_down.load(Ordering::Acquire) {
+            return false;
+        }
         let now = self.now_ms();
         let at = self.next_attempt_ms.load(Ordering::Acquire);
         now >= at
@@ -42,6 +49,19 @@ impl StoreHealth {
                 .next_attempt_ms
                 .compare_exchange(at, now + retry_ms(), Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
+    }
+
+    /// The listener lost its connection and could not get it back: the store is down.
+    pub fn hold_down(&self, error: &dyn std::fmt::Display) {
+        self.held_down.store(true, Ordering::Release);
+        self.failed(error);
+    }
+
+    /// The listener is connected again: the store answers.
+    pub fn release(&self) {
+        if self.held_down.swap(false, Ordering::AcqRel) {
+            self.succeeded();
+        }
     }
 
     pub fn succeeded(&self) {

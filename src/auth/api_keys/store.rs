@@ -12,6 +12,17 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::Row;
 
+/// The store a `database` URL names: `sqlite://…` or `postgres://…`.
+pub async fn open_store(database: &str) -> Result<std::sync::Arc<dyn KeyStore>, StoreError> {
+    if database.starts_with("postgres://") || database.starts_with("postgresql://") {
+        Ok(std::sync::Arc::new(
+            super::postgres::PgStore::open(database).await?,
+        ))
+    } else {
+        Ok(std::sync::Arc::new(SqliteStore::open(database).await?))
+    }
+}
+
 /// A key as stored, without any secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRecord {
@@ -31,8 +42,8 @@ pub struct StoredKey {
 
 pub type StoreError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The store the gateway and the `keys` CLI share. SQL is plain and portable so a
-/// Postgres implementation is the same statements with `$n` placeholders.
+/// The store the gateway and the `keys` CLI share: `SqliteStore` on one host, `PgStore`
+/// (postgres.rs) for a fleet; the same rows and the same plain SQL.
 #[async_trait]
 pub trait KeyStore: Send + Sync {
     async fn find(&self, key_id: &str) -> Result<Option<StoredKey>, StoreError>;

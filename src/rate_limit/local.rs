@@ -1,6 +1,7 @@
-//! Per-principal request limits per service (`rate_limit_per_minute`), lock-free on the
-//! request path. Counts are per process and per fixed one-minute window, estimated with
-//! Pingora's count-min sketch: a caller may burst to twice the limit across a window edge.
+//! The per-process limiter, lock-free on the request path: counts per process and per fixed
+//! one-minute window, estimated with Pingora's count-min sketch, so a caller may burst to
+//! twice the limit across a window edge. It is the whole limit without `[rate_limits] redis`,
+//! and the fallback when Redis fails.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use pingora_limits::rate::{Rate, RateComponents};
 
 use crate::auth::Principal;
 
+/// The window, and the longest Retry-After this limiter gives.
 const WINDOW: Duration = Duration::from_secs(60);
 /// Wider than Pingora's default (1024) so distinct callers rarely share all four counters.
 const SLOTS: usize = 4096;

@@ -1,0 +1,125 @@
+//! Fleet-wide revocation: every gateway LISTENs on the Postgres channel a revoke notifies,
+//! and drops the key from its cache at once, well inside `cache_ttl_seconds`.
+//!
+//! A notification sent while the listening connection is down is lost, so after every
+//! reconnection the whole cache is emptied: a key revoked meanwhile is looked up afresh.
+
+use std::time::Duration;
+
+use moka::future::Cache;
+use sqlx::postgres::PgListener;
+
+use std::sync::Arc;
+
+use super::outage::StoreHealth;
+use super::postgres::CHANNEL;
+use super::Entry;
+use crate::auth::token::KeyId;
+
+const BACKOFF_START: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How long one attempt to (re)connect may take.
+const CONNECT_WAIT: Duration = Duration::from_secs(2);
+
+pub struct RevocationPush {
+    url: String,
+    cache: Cache<KeyId, Entry>,
+    /// A lost connection that cannot be re-established means the store is down: requests
+    /// then stop waiting on it at once, and reconnecting tells when it is back.
+    health: Arc<StoreHealth>,
+    /// `portcullis_revocation_push_total{event}`, when metrics are on.
+    events: Option<prometheus::IntCounterVec>,
+}
+
+impl RevocationPush {
+    pub(super) fn new(
+        url: String,
+        cache: Cache<KeyId, Entry>,
+        health: Arc<StoreHealth>,
+    ) -> RevocationPush {
+        RevocationPush {
+            url,
+            cache,
+            health,
+            events: None,
+        }
+    }
+
+    pub fn with_event_counter(mut self, events: prometheus::IntCounterVec) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    fn count(&self, event: &str) {
+        if let Some(events) = &self.events {
+            events.with_label_values(&[event]).inc();
+        }
+    }
+
+    /// Runs for the life of the process.
+    pub async fn run(&self) {
+        let mut backoff = BACKOFF_START;
+        let mut connected_before = false;
+        loop {
+            match self.listen().await {
+                Ok(mut listener) => {
+                    backoff = BACKOFF_START;
+                    self.health.release();
+                    if connected_before {
+                        // Revokes may have been announced while nobody listened.
+                        self.cache.invalidate_all();
+                        self.count("reconnected");
+                        log::warn!("revocation push: listening again; API-key cache emptied");
+                    } else {
+                        log::info!("revocation push: listening for revoked keys");
+                    }
+                    connected_before = true;
+                    self.receive(&mut listener).await;
+                    self.count("disconnected");
+                    // Most likely the server went away: stop sending lookups its way until
+                    // the listener is back (at once, if only this connection was cut).
+                    self.health
+                        .hold_down(&"the revocation listener lost its connection");
+                    log::warn!(
+                        "revocation push: connection lost; revoked keys are refused within \
+                         cache_ttl_seconds until it is back"
+                    );
+                }
+                Err(e) => {
+                    self.count("error");
+                    log::debug!("revocation push: cannot listen: {e}");
+                    self.health.hold_down(&e);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    async fn listen(&self) -> Result<PgListener, sqlx::Error> {
+        // One attempt, promptly: the listener's own pool would otherwise retry for 30 s
+        // before telling that the store is down.
+        let options = super::postgres::check_url(&self.url)
+            .map_err(|e| sqlx::Error::Configuration(e.into()))?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(CONNECT_WAIT)
+            .connect_lazy_with(options);
+        let mut listener = PgListener::connect_with(&pool).await?;
+        // Reconnection is ours to do: we must know when it happens to empty the cache.
+        listener.eager_reconnect(false);
+        listener.listen(CHANNEL).await?;
+        Ok(listener)
+    }
+
+    /// Evicts each announced key until the connection is lost.
+    async fn receive(&self, listener: &mut PgListener) {
+        while let Ok(Some(notification)) = listener.try_recv().await {
+            self.count("notified");
+            match KeyId::parse(notification.payload()) {
+                Some(id) => self.cache.invalidate(&id).await,
+                None => log::debug!("revocation push: ignored a payload that is no key id"),
+            }
+        }
+    }
+}
