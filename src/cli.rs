@@ -112,7 +112,7 @@ fn keys(command: KeysCommand) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async move {
-        let store = api_keys::open_store(&settings.database)
+        let store = api_keys::open_store(&settings.database, false)
             .await
             .map_err(|e| format!("cannot open the key store: {e}"))?;
         match command {

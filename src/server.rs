@@ -158,7 +158,7 @@ async fn build_auth(
     let mut auth = Authenticator::default();
     let mut push = None;
     if let Some(keys) = &config.api_keys {
-        let store = open_store(&keys.database)
+        let store = open_store(&keys.database, true)
             .await
             .map_err(|e| format!("auth.api_keys.database: cannot open: {e}"))?;
         let verifier = ApiKeyVerifier::new(store, keys.cache_ttl, keys.negative_cache_ttl)

@@ -223,3 +223,42 @@ fn gateways_and_clis_starting_at_once_apply_the_schema_once() {
         "{err}"
     );
 }
+
+#[test]
+fn a_gateway_starts_while_postgres_is_down_and_takes_keys_once_it_answers() {
+    let mut pg = Postgres::start();
+    if !pg.is_local() {
+        eprintln!("skipped: an external PORTCULLIS_TEST_POSTGRES_URL cannot be stopped");
+        return;
+    }
+    let up = Upstream::start();
+    // A key made before the outage: the gateway has never seen it.
+    let seed = Gateway::builder()
+        .service(Service::new("infer", up.url("")))
+        .key_store(&pg.url)
+        .start();
+    let (key, _) = seed.create_key("infer", &[]);
+    drop(seed);
+    pg.stop();
+    let gw = Gateway::builder()
+        .service(Service::new("infer", up.url("")))
+        .key_store(&pg.url)
+        .start();
+    let (s, took) = status(&gw, &key);
+    assert_eq!(s, 401);
+    assert!(
+        took < Duration::from_secs(1),
+        "waited {took:?} on a dead store"
+    );
+    pg.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while status(&gw, &key).0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the store came back, the key did not:\n{}",
+            gw.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(gw.log().contains("starting anyway"));
+}

@@ -6,6 +6,7 @@
 //! gateway LISTENs to (see `push.rs`).
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -46,32 +47,107 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct PgStore {
     pool: PgPool,
+    options: PgConnectOptions,
+    /// False only for a gateway that started while the server was unreachable: the schema
+    /// is then checked on first use.
+    migrated: AtomicBool,
+    migrating: tokio::sync::Mutex<()>,
 }
 
 impl PgStore {
     /// Connects once to apply the migrations, so a wrong URL, password or unreachable
-    /// server fails now; the pool then connects lazily on the runtime that uses it.
+    /// server fails now (what the `keys` commands want); the pool then connects lazily on
+    /// the runtime that uses it.
     pub async fn open(url: &str) -> Result<PgStore, StoreError> {
         let options = check_url(url)?;
-        let mut setup = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
-            .await
-            .map_err(|_| "the Postgres server did not answer within 5 s")??;
-        migrate(&mut setup).await?;
-        setup.close().await?;
+        apply_schema(&options).await?;
+        Ok(PgStore::lazy(options, true))
+    }
+
+    /// As `open`, but a server that cannot be reached is an outage, not a configuration
+    /// error: the gateway starts (cached and JWT traffic need no store) and applies the
+    /// schema once the server answers. A refused login or a missing database still fails.
+    pub async fn open_for_serving(url: &str) -> Result<PgStore, StoreError> {
+        match PgStore::open(url).await {
+            Ok(store) => Ok(store),
+            Err(e) if unreachable(&*e) => {
+                log::warn!(
+                    "auth.api_keys.database: the Postgres server cannot be reached ({e}); \
+                     starting anyway: API keys get 401 until it answers"
+                );
+                Ok(PgStore::lazy(check_url(url)?, false))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn lazy(options: PgConnectOptions, migrated: bool) -> PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(8)
             // A dead server must fail a lookup fast: the outage logic then stops asking.
             .acquire_timeout(Duration::from_secs(1))
-            .connect_lazy_with(options);
-        Ok(PgStore { pool })
+            .connect_lazy_with(options.clone());
+        PgStore {
+            pool,
+            options,
+            migrated: AtomicBool::new(migrated),
+            migrating: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The schema, applied once, before the first use of a store opened while unreachable.
+    async fn ready(&self) -> Result<(), StoreError> {
+        if self.migrated.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _turn = self.migrating.lock().await;
+        if !self.migrated.load(Ordering::Acquire) {
+            // On a thread and connection of its own: sqlx's borrowed executors make this
+            // future one the compiler cannot prove Send, which a request's future must be.
+            let options = self.options.clone();
+            let (done, result) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                let applied = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(StoreError::from)
+                    .and_then(|rt| rt.block_on(apply_schema(&options)));
+                let _ = done.send(applied);
+            });
+            result.await.map_err(|_| "the schema migration stopped")??;
+            self.migrated.store(true, Ordering::Release);
+        }
+        Ok(())
     }
 }
 
-async fn migrate(conn: &mut PgConnection) -> Result<(), StoreError> {
+/// A failure to reach the server at all, as opposed to one it reported.
+fn unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
+    match e.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut) => true,
+        Some(_) => false,
+        // Our own timeout message.
+        None => e.to_string().contains("did not answer"),
+    }
+}
+
+/// One connection of its own, the missing steps in one transaction, and closed again.
+async fn apply_schema(options: &PgConnectOptions) -> Result<(), StoreError> {
+    let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options))
+        .await
+        .map_err(|_| "the Postgres server did not answer within 5 s")??;
     let mut tx = conn.begin().await?;
+    migrate(&mut tx).await?;
+    tx.commit().await?;
+    conn.close().await?;
+    Ok(())
+}
+
+/// Applies the missing steps in `tx`; the lock is held until the caller commits.
+async fn migrate(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS portcullis_migrations (
@@ -79,20 +155,20 @@ async fn migrate(conn: &mut PgConnection) -> Result<(), StoreError> {
             applied_at BIGINT NOT NULL
         )",
     )
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
     let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM portcullis_migrations")
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut **tx)
         .await?;
-    for (version, sql) in MIGRATIONS {
-        if applied.contains(version) {
+    for &(version, sql) in MIGRATIONS {
+        if applied.contains(&version) {
             continue;
         }
-        sqlx::raw_sql(sql).execute(&mut *tx).await?;
+        sqlx::raw_sql(sql).execute(&mut **tx).await?;
         sqlx::query("INSERT INTO portcullis_migrations (version, applied_at) VALUES ($1, $2)")
             .bind(version)
             .bind(crate::auth::unix_now())
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
         log::info!("key store: applied schema migration {version}");
     }
@@ -103,7 +179,6 @@ async fn migrate(conn: &mut PgConnection) -> Result<(), StoreError> {
     {
         log::warn!("key store schema is at version {newer}, newer than this binary knows");
     }
-    tx.commit().await?;
     Ok(())
 }
 
@@ -122,6 +197,7 @@ fn record(row: &PgRow) -> Result<KeyRecord, sqlx::Error> {
 #[async_trait]
 impl KeyStore for PgStore {
     async fn find(&self, key_id: &str) -> Result<Option<StoredKey>, StoreError> {
+        self.ready().await?;
         let row = sqlx::query("SELECT * FROM api_keys WHERE key_id = $1")
             .bind(key_id)
             .fetch_optional(&self.pool)
@@ -137,6 +213,7 @@ impl KeyStore for PgStore {
     }
 
     async fn insert(&self, key: &StoredKey) -> Result<(), StoreError> {
+        self.ready().await?;
         let r = &key.record;
         sqlx::query(
             "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, revoked_at)
@@ -154,6 +231,7 @@ impl KeyStore for PgStore {
     }
 
     async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        self.ready().await?;
         let rows = sqlx::query("SELECT * FROM api_keys ORDER BY created_at, key_id")
             .fetch_all(&self.pool)
             .await?;
@@ -161,6 +239,7 @@ impl KeyStore for PgStore {
     }
 
     async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError> {
+        self.ready().await?;
         let mut tx = self.pool.begin().await?;
         let done = sqlx::query(
             "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE key_id = $1",

@@ -17,7 +17,9 @@ use super::Entry;
 use crate::auth::token::KeyId;
 
 const BACKOFF_START: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Also how long a store that is back can go unnoticed: while the listener is down, it is
+/// the only probe of the store.
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How long one attempt to (re)connect may take.
 const CONNECT_WAIT: Duration = Duration::from_secs(2);
 

@@ -12,12 +12,19 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::Row;
 
-/// The store a `database` URL names: `sqlite://…` or `postgres://…`.
-pub async fn open_store(database: &str) -> Result<std::sync::Arc<dyn KeyStore>, StoreError> {
+/// The store a `database` URL names: `sqlite://…` or `postgres://…`. `serving`: a gateway
+/// starts even when a Postgres server cannot be reached (a `keys` command fails instead).
+pub async fn open_store(
+    database: &str,
+    serving: bool,
+) -> Result<std::sync::Arc<dyn KeyStore>, StoreError> {
+    use super::postgres::PgStore;
     if database.starts_with("postgres://") || database.starts_with("postgresql://") {
-        Ok(std::sync::Arc::new(
-            super::postgres::PgStore::open(database).await?,
-        ))
+        Ok(std::sync::Arc::new(if serving {
+            PgStore::open_for_serving(database).await?
+        } else {
+            PgStore::open(database).await?
+        }))
     } else {
         Ok(std::sync::Arc::new(SqliteStore::open(database).await?))
     }
