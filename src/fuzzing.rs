@@ -651,7 +651,7 @@ pub fn usage_scanner(data: &[u8]) {
 }
 
 /// Feeds `body` in chunks of the given sizes (cycled; 0 counts as 1), then asks for the usage.
-fn usage_in_chunks(
+pub(crate) fn usage_in_chunks(
     framing: Framing,
     encoding: Encoding,
     body: &[u8],

@@ -79,22 +79,12 @@ const DEFAULT_ACCESS_LOG_FILES: usize = 5;
 
 #[derive(Debug, Clone)]
 pub struct ApiKeySettings {
-    /// `sqlite://…` or `postgres://…`; may hold a password: never print it, see `shown_database`.
+    /// `sqlite://…` or `postgres://…`; may hold a password: never print it.
     pub database: String,
     pub cache_ttl: Duration,
     pub negative_cache_ttl: Duration,
     /// Listen for revocations made anywhere (Postgres only).
     pub revocation_push: bool,
-}
-
-impl ApiKeySettings {
-    pub fn is_postgres(&self) -> bool {
-        is_postgres_url(&self.database)
-    }
-}
-
-fn is_postgres_url(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
 #[derive(Debug, Clone)]
@@ -513,7 +503,7 @@ impl Validator<'_> {
         let database = self
             .expand("auth.api_keys.database", &a.database)
             .unwrap_or_default();
-        let postgres = is_postgres_url(&database);
+        let postgres = crate::auth::api_keys::postgres::is_url(&database);
         if postgres {
             // The URL may carry a password: its problems never quote it.
             if let Err(e) = crate::auth::api_keys::postgres::check_url(&database) {

@@ -308,12 +308,13 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         ctx.upstream_ttfb = ctx.upstream_sent.map(|t| t.elapsed());
         // 6. Stream: Pingora relays each chunk as it comes; we only note that it is a stream.
-        if headers::is_event_stream(upstream_response) && !ctx.streaming {
+        let event_stream = headers::is_event_stream(upstream_response);
+        if event_stream && !ctx.streaming {
             ctx.streaming = true;
             self.metrics.stream_started(self.service_label(ctx));
         }
         if let Some(exchange) = &mut ctx.openai {
-            exchange.response_started(upstream_response);
+            exchange.response_started(upstream_response, event_stream);
         }
         Ok(())
     }

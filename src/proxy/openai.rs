@@ -82,10 +82,20 @@ impl Exchange {
             session.write_continue_response().await?;
         }
         session.enable_retry_buffering();
-        let mut body = Vec::with_capacity(len as usize);
-        while let Some(chunk) = session.read_request_body().await? {
-            body.extend_from_slice(&chunk);
-        }
+        // Usually the whole body comes in one read: then it is used as it is, not copied.
+        let first = session.read_request_body().await?.unwrap_or_default();
+        let body = match session.read_request_body().await? {
+            None => first,
+            Some(second) => {
+                let mut all = BytesMut::with_capacity(len as usize);
+                all.extend_from_slice(&first);
+                all.extend_from_slice(&second);
+                while let Some(chunk) = session.read_request_body().await? {
+                    all.extend_from_slice(&chunk);
+                }
+                all.freeze()
+            }
+        };
         let next = exchange.apply(&body, models);
         Ok((exchange, next))
     }
@@ -164,8 +174,8 @@ impl Exchange {
     }
 
     /// Starts counting usage for a response, if its encoding can be read.
-    pub fn response_started(&mut self, response: &ResponseHeader) {
-        let framing = if super::headers::is_event_stream(response) {
+    pub fn response_started(&mut self, response: &ResponseHeader, event_stream: bool) {
+        let framing = if event_stream {
             Framing::EventStream
         } else {
             Framing::Json

@@ -27,20 +27,8 @@ fn sse(body: &str) -> Option<Usage> {
     scan(Framing::EventStream, body.as_bytes())
 }
 
-/// Feeds `body` in chunks of the given sizes (cycled), then asks for the usage.
-fn chunked(framing: Framing, encoding: Encoding, body: &[u8], sizes: &[usize]) -> Option<Usage> {
-    let mut scanner = UsageScanner::new(framing, encoding);
-    let mut rest = body;
-    for &size in sizes.iter().cycle() {
-        if rest.is_empty() {
-            break;
-        }
-        let (chunk, tail) = rest.split_at(size.clamp(1, rest.len()));
-        scanner.feed(chunk);
-        rest = tail;
-    }
-    scanner.usage()
-}
+// Feeds `body` in chunks of the given sizes (cycled), then asks for the usage: the fuzz check's helper.
+use crate::fuzzing::usage_in_chunks as chunked;
 
 /// A small deterministic generator (xorshift64*), enough for fuzz-style loops.
 struct Rng(u64);

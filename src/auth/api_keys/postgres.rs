@@ -35,6 +35,11 @@ const MIGRATIONS: &[(i64, &str)] = &[(
     )",
 )];
 
+/// Whether a `database` URL names a Postgres server rather than a SQLite file.
+pub fn is_url(database: &str) -> bool {
+    database.starts_with("postgres://") || database.starts_with("postgresql://")
+}
+
 /// Parses a `postgres://` URL. Its problems never quote it: it may hold a password.
 pub fn check_url(url: &str) -> Result<PgConnectOptions, String> {
     PgConnectOptions::from_str(url).map_err(|_| {

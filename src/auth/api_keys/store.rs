@@ -19,7 +19,7 @@ pub async fn open_store(
     serving: bool,
 ) -> Result<std::sync::Arc<dyn KeyStore>, StoreError> {
     use super::postgres::PgStore;
-    if database.starts_with("postgres://") || database.starts_with("postgresql://") {
+    if super::postgres::is_url(database) {
         Ok(std::sync::Arc::new(if serving {
             PgStore::open_for_serving(database).await?
         } else {
