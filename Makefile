@@ -47,9 +47,10 @@ test: test-deps
 fuzz: deps
 	scripts/fuzz.sh run
 
-# Criterion micro-benchmarks of authentication, then the load benchmark on loopback against
-# the upstream direct and nginx (scripts/loadbench.sh installs wrk and nginx when missing).
-bench: deps
+# Criterion micro-benchmarks of authentication (API keys on SQLite and on a throwaway
+# PostgreSQL server, hence test-deps), then the load benchmark on loopback against the upstream
+# direct and nginx (scripts/loadbench.sh installs wrk, nginx and redis-server when missing).
+bench: test-deps
 	$(CARGO) bench --bench auth
 	scripts/loadbench.sh
 
