@@ -60,8 +60,11 @@ pub enum KeysCommand {
         /// Checked by us, not clap, so a bad value gets the same one-line reason as any error.
         #[arg(long)]
         expires_in: Option<String>,
+        /// Who the key is for: the console user's `sub`, so it shows in their key list.
+        #[arg(long)]
+        owner: Option<String>,
     },
-    /// List keys: id, name, scopes, created, expires, revoked. Never a secret.
+    /// List keys: id, name, scopes, owner, created, expires, revoked. Never a secret.
     List {
         #[arg(long)]
         config: PathBuf,
@@ -120,21 +123,36 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                 name,
                 scopes,
                 expires_in,
+                owner,
                 ..
             } => {
                 let scopes = validate_scopes(scopes)?;
                 if name.trim().is_empty() || name.chars().any(char::is_control) {
                     return Err("--name must be non-empty printable text".to_string());
                 }
+                if owner
+                    .as_ref()
+                    .is_some_and(|o| o.is_empty() || o.chars().any(char::is_control))
+                {
+                    return Err("--owner must be non-empty printable text".to_string());
+                }
                 let expires_in = expires_in
                     .map(|s| parse_lifetime(&s, unix_now()))
                     .transpose()
                     .map_err(|e| format!("--expires-in: {e}"))?;
-                let key = api_keys::create_key(&*store, &name, scopes, expires_in)
+                let spec = api_keys::KeySpec {
+                    name,
+                    scopes,
+                    expires_in,
+                    owner,
+                };
+                let key = api_keys::create_owned_key(&*store, spec, None)
                     .await
-                    .map_err(|e| format!("cannot create the key: {e}"))?;
+                    .map_err(|e| format!("cannot create the key: {e}"))?
+                    .ok_or("cannot create the key: refused by the store")?;
                 println!("key id:  {}", key.record.key_id);
                 println!("name:    {}", key.record.name);
+                println!("owner:   {}", key.record.owner.as_deref().unwrap_or("-"));
                 println!("scopes:  {}", key.record.scopes.join(","));
                 println!("expires: {}", time_or(key.record.expires_at, "never"));
                 println!("The key below is shown once; store it now.");
@@ -181,15 +199,16 @@ fn validate_scopes(scopes: Vec<String>) -> Result<Vec<String>, String> {
 
 fn print_keys(keys: &[KeyRecord]) {
     println!(
-        "{:<16}  {:<20}  {:<24}  {:<20}  {:<20}  {:<20}",
-        "KEY ID", "NAME", "SCOPES", "CREATED", "EXPIRES", "REVOKED"
+        "{:<16}  {:<20}  {:<24}  {:<20}  {:<20}  {:<20}  {:<20}",
+        "KEY ID", "NAME", "SCOPES", "OWNER", "CREATED", "EXPIRES", "REVOKED"
     );
     for k in keys {
         println!(
-            "{:<16}  {:<20}  {:<24}  {:<20}  {:<20}  {:<20}",
+            "{:<16}  {:<20}  {:<24}  {:<20}  {:<20}  {:<20}  {:<20}",
             k.key_id,
             k.name,
             k.scopes.join(","),
+            k.owner.as_deref().unwrap_or("-"),
             time_or(Some(k.created_at), "-"),
             time_or(k.expires_at, "never"),
             time_or(k.revoked_at, "-"),

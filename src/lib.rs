@@ -1,6 +1,7 @@
 //! Portcullis: an authenticated HTTP gateway for LLM APIs on Pingora.
 
 pub mod access_log;
+pub mod admin;
 pub mod auth;
 pub mod cli;
 pub mod config;

@@ -34,6 +34,7 @@ pub struct Metrics {
     jwks_fetches: IntCounterVec,
     tokens: IntCounterVec,
     revocation_push: IntCounterVec,
+    key_events: IntCounterVec,
 }
 
 impl Metrics {
@@ -131,8 +132,21 @@ impl Metrics {
             &["event"],
         )
         .expect("valid metric");
+        let key_events = IntCounterVec::new(
+            Opts::new(
+                "portcullis_key_events_total",
+                "API keys created and revoked through this gateway's key API, by event (created, revoked).",
+            ),
+            &["event"],
+        )
+        .expect("valid metric");
+        // Present at 0 from start-up, so a rate() over them is defined before the first event.
+        for event in ["created", "revoked"] {
+            key_events.with_label_values(&[event]);
+        }
         for m in [
             Box::new(revocation_push.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(key_events.clone()),
             Box::new(tokens.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(key_store_lookups.clone()),
@@ -161,6 +175,7 @@ impl Metrics {
             jwks_fetches,
             tokens,
             revocation_push,
+            key_events,
         }
     }
 
@@ -235,6 +250,11 @@ impl Metrics {
     /// Handed to the revocation listener, which counts what happens to it.
     pub fn revocation_push_events(&self) -> IntCounterVec {
         self.revocation_push.clone()
+    }
+
+    /// `created` or `revoked`, counted by the key API.
+    pub fn key_event(&self, event: &'static str) {
+        self.key_events.with_label_values(&[event]).inc();
     }
 
     /// Handed to the JWT verifier, which counts its JWKS fetches.

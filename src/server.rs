@@ -1,5 +1,5 @@
 //! Assembles the Pingora server from a validated config: the proxy service on the data-plane
-//! listeners, the metrics endpoint, the JWKS refresher, the access-log writer and the drain
+//! listeners, the metrics endpoint, the key API (`[admin]`), the JWKS refresher, the access-log writer and the drain
 //! watcher. Signals (Pingora's): SIGQUIT hands the listeners to a new `-u` process, SIGTERM
 //! drains, SIGINT stops at once; SIGHUP (ours) reopens the access-log file.
 
@@ -15,7 +15,8 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
 use crate::access_log;
-use crate::auth::api_keys::{open_store, ApiKeyVerifier, RevocationPush};
+use crate::admin::{AdminApp, AdminDeps};
+use crate::auth::api_keys::{open_store, ApiKeyVerifier, KeyEvictor, KeyStore, RevocationPush};
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::Authenticator;
 use crate::config::Config;
@@ -33,7 +34,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     // Stores and key sets are opened now, so a bad database path or an unreachable issuer
     // fails at start-up, not on the first request. The runtime is dropped before Pingora forks.
     let metrics = Arc::new(Metrics::new());
-    let (auth, jwt, push) = tokio::runtime::Builder::new_current_thread()
+    let (auth, jwt, push, keys) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?
@@ -67,6 +68,18 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
     server.bootstrap();
 
+    // Taken before the authenticator moves into the proxy: the key API shares its store, its
+    // cache (to evict what it revokes) and its JWT verifier.
+    let admin_deps = match (&config.admin, &jwt, keys) {
+        (Some(_), Some(jwt), Some((store, evictor))) => Some(AdminDeps {
+            jwt: jwt.clone(),
+            store,
+            evictor,
+            metrics: metrics.clone(),
+            access_log: access_log.clone(),
+        }),
+        _ => None,
+    };
     let gateway = Gateway::new(&config, auth, metrics.clone(), access_log.clone());
     let connections = Arc::new(Connections::default());
     let mut http = pingora::proxy::http_proxy(&server.configuration, gateway);
@@ -99,6 +112,14 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     if let Some(m) = &config.metrics {
         let mut service = Service::new("metrics".to_string(), MetricsApp(metrics));
         service.add_tcp(&m.listen);
+        service.threads = Some(1);
+        server.add_service(service);
+    }
+    if let (Some(settings), Some(deps)) = (&config.admin, admin_deps) {
+        let listen = settings.listen.clone();
+        let app = AdminApp::new(settings.clone(), &config, deps);
+        let mut service = Service::new("admin".to_string(), app);
+        service.add_tcp(&listen);
         service.threads = Some(1);
         server.add_service(service);
     }
@@ -144,6 +165,9 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     Ok(())
 }
 
+/// The store and the cache handle the key API shares with the data plane.
+type SharedKeys = (Arc<dyn KeyStore>, KeyEvictor);
+
 async fn build_auth(
     config: &Config,
     metrics: &Metrics,
@@ -152,11 +176,13 @@ async fn build_auth(
         Authenticator,
         Option<Arc<JwtVerifier>>,
         Option<RevocationPush>,
+        Option<SharedKeys>,
     ),
     String,
 > {
     let mut auth = Authenticator::default();
     let mut push = None;
+    let mut shared = None;
     if let Some(keys) = &config.api_keys {
         let store = open_store(&keys.database, true)
             .await
@@ -170,6 +196,7 @@ async fn build_auth(
                     .with_event_counter(metrics.revocation_push_events()),
             );
         }
+        shared = Some((verifier.store(), verifier.evictor()));
         auth.api_keys = Some(verifier);
     }
     let jwt = match &config.jwt {
@@ -190,7 +217,7 @@ async fn build_auth(
         None => None,
     };
     auth.jwt = jwt.clone();
-    Ok((auth, jwt, push))
+    Ok((auth, jwt, push, shared))
 }
 
 struct RevocationListener(RevocationPush);

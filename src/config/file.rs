@@ -17,6 +17,19 @@ pub struct File {
     #[serde(default)]
     pub services: BTreeMap<String, Service>,
     pub rate_limits: Option<RateLimits>,
+    pub admin: Option<Admin>,
+}
+
+/// `[admin]`: the key-management API for the console, on a listener of its own.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    pub listen: String,
+    pub admin_scope: Option<String>,
+    pub allowed_origins: Option<Vec<String>>,
+    pub max_keys_per_owner: Option<u32>,
+    pub console: Option<bool>,
+    pub console_client_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

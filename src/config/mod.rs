@@ -2,6 +2,7 @@
 //! Everything that can be checked or computed once is done here, at start-up:
 //! `${VAR}` expansion, URL parsing, DNS resolution, header encoding.
 
+mod admin;
 mod env;
 mod file;
 
@@ -14,6 +15,7 @@ use http::header::{HeaderName, HeaderValue};
 
 use crate::model_policy::Models;
 
+pub use admin::AdminSettings;
 pub use env::expand as expand_env;
 
 #[derive(Debug, Clone)]
@@ -26,6 +28,7 @@ pub struct Config {
     pub jwt: Option<JwtSettings>,
     pub services: Vec<ServiceConfig>,
     pub rate_limits: RateLimitSettings,
+    pub admin: Option<AdminSettings>,
 }
 
 #[derive(Debug, Clone)]
@@ -295,7 +298,10 @@ impl Config {
                 .filter_map(|(name, s)| v.service(name, s))
                 .collect(),
             rate_limits: v.rate_limits(raw.rate_limits),
+            admin: None,
         };
+        let mut config = config;
+        config.admin = raw.admin.map(|a| v.admin(a, &config));
         if config.services.is_empty() && v.problems.is_empty() {
             v.problem("services", "no service is configured");
         }

@@ -119,6 +119,16 @@ impl ApiKeyVerifier {
         )
     }
 
+    /// The store, shared with the key API.
+    pub fn store(&self) -> Arc<dyn KeyStore> {
+        self.store.clone()
+    }
+
+    /// A handle that drops keys from this verifier's cache, for the key API's revokes.
+    pub fn evictor(&self) -> KeyEvictor {
+        KeyEvictor(self.cache.clone())
+    }
+
     /// Whether the store is known to be down right now.
     pub fn store_down(&self) -> bool {
         self.health.is_down()
@@ -163,6 +173,16 @@ impl ApiKeyVerifier {
     }
 }
 
+/// Drops a revoked key from one gateway's cache, so that gateway refuses it at once.
+#[derive(Clone)]
+pub struct KeyEvictor(Cache<KeyId, Entry>);
+
+impl KeyEvictor {
+    pub async fn evict(&self, key_id: KeyId) {
+        self.0.invalidate(&key_id).await;
+    }
+}
+
 /// A freshly created key: the full bearer value is shown once and never stored.
 pub struct NewKey {
     pub token: String,
@@ -176,6 +196,33 @@ pub async fn create_key(
     scopes: Vec<String>,
     expires_in: Option<Duration>,
 ) -> Result<NewKey, StoreError> {
+    let spec = KeySpec {
+        name: name.to_string(),
+        scopes,
+        expires_in,
+        owner: None,
+    };
+    create_owned_key(store, spec, None)
+        .await
+        .map(|made| made.expect("no cap, so always made"))
+}
+
+/// What a new key is for.
+#[derive(Debug)]
+pub struct KeySpec {
+    pub name: String,
+    pub scopes: Vec<String>,
+    pub expires_in: Option<Duration>,
+    pub owner: Option<String>,
+}
+
+/// Creates a key, or `None` when `cap` is given and the owner already has that many active
+/// keys (counted and inserted atomically by the store).
+pub async fn create_owned_key(
+    store: &dyn KeyStore,
+    spec: KeySpec,
+    cap: Option<u32>,
+) -> Result<Option<NewKey>, StoreError> {
     let mut rng = rand::rngs::OsRng;
     let mut id = [0u8; 8];
     let mut secret = [0u8; 32];
@@ -186,22 +233,31 @@ pub async fn create_key(
     let now = unix_now();
     let record = KeyRecord {
         key_id: key_id.clone(),
-        name: name.to_string(),
-        scopes,
+        name: spec.name,
+        scopes: spec.scopes,
         created_at: now,
-        expires_at: expires_in.map(|d| now.saturating_add(d.as_secs() as i64)),
+        expires_at: spec
+            .expires_in
+            .map(|d| now.saturating_add(d.as_secs() as i64)),
         revoked_at: None,
+        owner: spec.owner,
     };
-    store
-        .insert(&StoredKey {
-            record: record.clone(),
-            verifier: Sha256::digest(secret.as_bytes()).into(),
-        })
-        .await?;
-    Ok(NewKey {
+    let stored = StoredKey {
+        record: record.clone(),
+        verifier: Sha256::digest(secret.as_bytes()).into(),
+    };
+    match cap {
+        Some(cap) => {
+            if !store.insert_capped(&stored, cap, now).await? {
+                return Ok(None);
+            }
+        }
+        None => store.insert(&stored).await?,
+    }
+    Ok(Some(NewKey {
         token: format!("{API_KEY_PREFIX}{key_id}.{secret}"),
         record,
-    })
+    }))
 }
 
 #[cfg(test)]

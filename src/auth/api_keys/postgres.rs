@@ -21,19 +21,30 @@ pub const CHANNEL: &str = "portcullis_key_revoked";
 /// Any constant shared by every Portcullis build: "PORTCULL" in ASCII.
 const MIGRATION_LOCK: i64 = 0x504f_5254_4355_4c4c;
 
+/// The first key of the two-key advisory lock that serialises one owner's creates.
+const OWNER_LOCK: i32 = 0x5043_4b4f; // "PCKO"
+
 /// Numbered schema steps, applied once each, in order. Never edit a released step: add one.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    "CREATE TABLE IF NOT EXISTS api_keys (
-        key_id      TEXT PRIMARY KEY,
-        name        TEXT NOT NULL,
-        verifier    BYTEA NOT NULL,
-        scopes      TEXT NOT NULL,
-        created_at  BIGINT NOT NULL,
-        expires_at  BIGINT,
-        revoked_at  BIGINT
-    )",
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        "CREATE TABLE IF NOT EXISTS api_keys (
+            key_id      TEXT PRIMARY KEY,
+            name        TEXT NOT NULL,
+            verifier    BYTEA NOT NULL,
+            scopes      TEXT NOT NULL,
+            created_at  BIGINT NOT NULL,
+            expires_at  BIGINT,
+            revoked_at  BIGINT
+        )",
+    ),
+    // Key ownership, for the key API (`owner` is the creator's JWT `sub`).
+    (
+        2,
+        "ALTER TABLE api_keys ADD COLUMN IF NOT EXISTS owner TEXT;
+         CREATE INDEX IF NOT EXISTS api_keys_owner ON api_keys (owner);",
+    ),
+];
 
 /// Whether a `database` URL names a Postgres server rather than a SQLite file.
 pub fn is_url(database: &str) -> bool {
@@ -196,6 +207,7 @@ fn record(row: &PgRow) -> Result<KeyRecord, sqlx::Error> {
         created_at: row.try_get("created_at")?,
         expires_at: row.try_get("expires_at")?,
         revoked_at: row.try_get("revoked_at")?,
+        owner: row.try_get("owner")?,
     })
 }
 
@@ -221,8 +233,8 @@ impl KeyStore for PgStore {
         self.ready().await?;
         let r = &key.record;
         sqlx::query(
-            "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, revoked_at)
-             VALUES ($1, $2, $3, $4, $5, $6, NULL)",
+            "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(&r.key_id)
         .bind(&r.name)
@@ -230,9 +242,54 @@ impl KeyStore for PgStore {
         .bind(r.scopes.join(" "))
         .bind(r.created_at)
         .bind(r.expires_at)
+        .bind(&r.owner)
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn insert_capped(&self, key: &StoredKey, cap: u32, now: i64) -> Result<bool, StoreError> {
+        self.ready().await?;
+        let r = &key.record;
+        let mut tx = self.pool.begin().await?;
+        if let Some(owner) = &r.owner {
+            // Concurrent creates for one owner (on any gateway) take turns from the count to
+            // the insert; other owners are not held up.
+            sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+                .bind(OWNER_LOCK)
+                .bind(owner)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let done = sqlx::query(
+            "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner)
+             SELECT $1, $2, $3, $4, $5, $6, $7
+             WHERE $7::text IS NULL OR (SELECT count(*) FROM api_keys WHERE owner = $7
+                 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $8)) < $9",
+        )
+        .bind(&r.key_id)
+        .bind(&r.name)
+        .bind(&key.verifier[..])
+        .bind(r.scopes.join(" "))
+        .bind(r.created_at)
+        .bind(r.expires_at)
+        .bind(&r.owner)
+        .bind(now)
+        .bind(cap as i64)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn list_by_owner(&self, owner: &str) -> Result<Vec<KeyRecord>, StoreError> {
+        self.ready().await?;
+        let rows =
+            sqlx::query("SELECT * FROM api_keys WHERE owner = $1 ORDER BY created_at, key_id")
+                .bind(owner)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
     }
 
     async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {

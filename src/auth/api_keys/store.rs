@@ -39,6 +39,16 @@ pub struct KeyRecord {
     pub created_at: i64,
     pub expires_at: Option<i64>,
     pub revoked_at: Option<i64>,
+    /// Who the key was made for: the JWT `sub` of its creator through the key API, or the
+    /// CLI's `--owner`; none for keys made without one.
+    pub owner: Option<String>,
+}
+
+impl KeyRecord {
+    /// Neither revoked nor expired at `now`: what counts against `max_keys_per_owner`.
+    pub fn is_active(&self, now: i64) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|at| at > now)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -56,10 +66,31 @@ pub trait KeyStore: Send + Sync {
     async fn find(&self, key_id: &str) -> Result<Option<StoredKey>, StoreError>;
     async fn insert(&self, key: &StoredKey) -> Result<(), StoreError>;
     async fn list(&self) -> Result<Vec<KeyRecord>, StoreError>;
+    /// The keys of one owner. The stores filter in SQL; this default is for test stores.
+    async fn list_by_owner(&self, owner: &str) -> Result<Vec<KeyRecord>, StoreError> {
+        let mut keys = self.list().await?;
+        keys.retain(|k| k.owner.as_deref() == Some(owner));
+        Ok(keys)
+    }
+    /// Inserts `key` unless its owner already has `cap` active keys at `now` (then false).
+    /// The stores count and insert atomically, so concurrent creates cannot pass the cap;
+    /// this default (count, then insert) is for test stores.
+    async fn insert_capped(&self, key: &StoredKey, cap: u32, now: i64) -> Result<bool, StoreError> {
+        if let Some(owner) = &key.record.owner {
+            let keys = self.list_by_owner(owner).await?;
+            if keys.iter().filter(|k| k.is_active(now)).count() >= cap as usize {
+                return Ok(false);
+            }
+        }
+        self.insert(key).await?;
+        Ok(true)
+    }
     /// Marks the key revoked at `at`; false if no such key. Revoking twice keeps the first time.
     async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError>;
 }
 
+/// The first release's table: every database starts here, then takes the `MIGRATIONS` it
+/// lacks, so an old file and a new one end up the same.
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS api_keys (
     key_id      TEXT PRIMARY KEY,
     name        TEXT NOT NULL,
@@ -69,6 +100,43 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS api_keys (
     expires_at  BIGINT,
     revoked_at  BIGINT
 )";
+
+/// Schema steps after `SCHEMA`; step N sets SQLite's `user_version` to N. Never edit a
+/// released step: add one.
+const MIGRATIONS: &[&str] = &[
+    // 1: key ownership, for the key API (`owner` is the creator's JWT `sub`).
+    "ALTER TABLE api_keys ADD COLUMN owner TEXT;
+     CREATE INDEX IF NOT EXISTS api_keys_owner ON api_keys (owner);",
+];
+
+/// Brings a database to the current schema inside one `BEGIN IMMEDIATE` transaction, so two
+/// processes opening the same new or old file at once take turns and apply each step once.
+async fn migrate(conn: &mut sqlx::SqliteConnection) -> Result<(), StoreError> {
+    sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await?;
+    let result = async {
+        sqlx::query(SCHEMA).execute(&mut *conn).await?;
+        let version: i64 = sqlx::query_scalar("PRAGMA user_version")
+            .fetch_one(&mut *conn)
+            .await?;
+        for (step, sql) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+            let step = step + 1;
+            sqlx::raw_sql(sql).execute(&mut *conn).await?;
+            // PRAGMA takes no bound parameters; `step` is a number of ours.
+            sqlx::raw_sql(&format!("PRAGMA user_version = {step}"))
+                .execute(&mut *conn)
+                .await?;
+            log::info!("key store: applied schema migration {step}");
+        }
+        if version > MIGRATIONS.len() as i64 {
+            log::warn!("key store schema is at version {version}, newer than this binary knows");
+        }
+        Ok::<(), StoreError>(())
+    }
+    .await;
+    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    sqlx::raw_sql(end).execute(&mut *conn).await?;
+    result
+}
 
 pub struct SqliteStore {
     pool: SqlitePool,
@@ -95,7 +163,7 @@ impl SqliteStore {
             .max_connections(1)
             .connect_with(options.clone())
             .await?;
-        sqlx::query(SCHEMA).execute(&setup).await?;
+        migrate(&mut *setup.acquire().await?).await?;
         setup.close().await;
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
@@ -140,6 +208,7 @@ fn record(row: &sqlx::sqlite::SqliteRow) -> Result<KeyRecord, sqlx::Error> {
         created_at: row.try_get("created_at")?,
         expires_at: row.try_get("expires_at")?,
         revoked_at: row.try_get("revoked_at")?,
+        owner: row.try_get("owner")?,
     })
 }
 
@@ -163,8 +232,8 @@ impl KeyStore for SqliteStore {
     async fn insert(&self, key: &StoredKey) -> Result<(), StoreError> {
         let r = &key.record;
         sqlx::query(
-            "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, revoked_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)",
+            "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )
         .bind(&r.key_id)
         .bind(&r.name)
@@ -172,9 +241,42 @@ impl KeyStore for SqliteStore {
         .bind(r.scopes.join(" "))
         .bind(r.created_at)
         .bind(r.expires_at)
+        .bind(&r.owner)
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn insert_capped(&self, key: &StoredKey, cap: u32, now: i64) -> Result<bool, StoreError> {
+        let r = &key.record;
+        // One statement: SQLite holds the write lock from the count to the insert.
+        let done = sqlx::query(
+            "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7
+             WHERE ?7 IS NULL OR (SELECT count(*) FROM api_keys WHERE owner = ?7
+                 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?8)) < ?9",
+        )
+        .bind(&r.key_id)
+        .bind(&r.name)
+        .bind(&key.verifier[..])
+        .bind(r.scopes.join(" "))
+        .bind(r.created_at)
+        .bind(r.expires_at)
+        .bind(&r.owner)
+        .bind(now)
+        .bind(cap as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn list_by_owner(&self, owner: &str) -> Result<Vec<KeyRecord>, StoreError> {
+        let rows =
+            sqlx::query("SELECT * FROM api_keys WHERE owner = ?1 ORDER BY created_at, key_id")
+                .bind(owner)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
     }
 
     async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {

@@ -1,0 +1,265 @@
+//! The key-management API for the console, on its own listener (`[admin]`), and the reference
+//! console page. One request, top to bottom: route → CORS preflight → authenticate (JWTs only)
+//! → the key operation → CORS and common headers → record (access log, metrics).
+
+mod console;
+mod cors;
+mod keys;
+mod reply;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use http::{Method, Response};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+
+use crate::access_log::AccessLog;
+use crate::auth::api_keys::{KeyEvictor, KeyStore};
+use crate::auth::jwt::JwtVerifier;
+use crate::auth::token::{self, Bearer, ShapeError};
+use crate::auth::{AuthFailure, Principal};
+use crate::config::{AdminSettings, Config};
+use crate::metrics::Metrics;
+use crate::proxy::RequestId;
+use reply::Reply;
+
+/// The metrics and access-log label of every admin request.
+const SERVICE_LABEL: &str = "_admin";
+
+/// Served at `GET /openapi.json`: the API as pinned, for clients and the schema tests.
+const OPENAPI: &str = include_str!("openapi.json");
+
+pub struct AdminApp {
+    settings: AdminSettings,
+    jwt: Arc<JwtVerifier>,
+    store: Arc<dyn KeyStore>,
+    /// Drops a key revoked here from this gateway's cache at once (other gateways learn of it
+    /// through the revocation push, or within `cache_ttl_seconds`).
+    evictor: KeyEvictor,
+    metrics: Arc<Metrics>,
+    access_log: AccessLog,
+    console: Option<console::Console>,
+}
+
+/// What the key API needs from the rest of the gateway.
+pub struct AdminDeps {
+    pub jwt: Arc<JwtVerifier>,
+    pub store: Arc<dyn KeyStore>,
+    pub evictor: KeyEvictor,
+    pub metrics: Arc<Metrics>,
+    pub access_log: AccessLog,
+}
+
+/// The route a request names: known before authentication, so 404 and 405 need no token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route<'a> {
+    OpenApi,
+    Console(console::Asset),
+    /// `/console` without the slash: redirected, so relative URLs in the page resolve.
+    ConsoleRoot,
+    Keys,
+    Key(&'a str),
+    NotFound,
+}
+
+/// What the request did to a key, for the access log.
+pub struct KeyEvent {
+    pub event: &'static str,
+    pub key_id: String,
+}
+
+impl AdminApp {
+    pub fn new(settings: AdminSettings, config: &Config, deps: AdminDeps) -> AdminApp {
+        let console = settings
+            .console
+            .then(|| console::Console::new(&settings, config));
+        AdminApp {
+            settings,
+            jwt: deps.jwt,
+            store: deps.store,
+            evictor: deps.evictor,
+            metrics: deps.metrics,
+            access_log: deps.access_log,
+            console,
+        }
+    }
+
+    fn route<'a>(&self, path: &'a str) -> Route<'a> {
+        match path {
+            "/openapi.json" => Route::OpenApi,
+            "/v1/keys" => Route::Keys,
+            _ => {
+                if let Some(id) = path.strip_prefix("/v1/keys/") {
+                    return Route::Key(id);
+                }
+                match (&self.console, path) {
+                    (Some(_), "/console") => Route::ConsoleRoot,
+                    (Some(_), _) => {
+                        console::Asset::at(path).map_or(Route::NotFound, Route::Console)
+                    }
+                    (None, _) => Route::NotFound,
+                }
+            }
+        }
+    }
+
+    /// The methods a route answers, as sent in `Allow` and a CORS preflight.
+    fn allowed(route: Route<'_>) -> &'static str {
+        match route {
+            Route::Keys => "GET, POST, OPTIONS",
+            Route::Key(_) => "DELETE, OPTIONS",
+            _ => "GET, HEAD",
+        }
+    }
+
+    async fn handle(
+        &self,
+        session: &mut ServerSession,
+        principal: &mut Option<Arc<Principal>>,
+        auth_failure: &mut Option<AuthFailure>,
+        event: &mut Option<KeyEvent>,
+    ) -> Reply {
+        let path = session.req_header().uri.path().to_owned();
+        let method = session.req_header().method.clone();
+        let route = self.route(&path);
+        let head = method == Method::HEAD;
+        match route {
+            Route::NotFound => return Reply::error(404, "not_found", None),
+            Route::OpenApi if method == Method::GET || head => {
+                return Reply::static_body(200, "application/json", OPENAPI.as_bytes());
+            }
+            Route::ConsoleRoot if method == Method::GET || head => {
+                return Reply::redirect("/console/");
+            }
+            Route::Console(asset) if method == Method::GET || head => {
+                return self.console.as_ref().expect("routed").serve(asset);
+            }
+            Route::OpenApi | Route::ConsoleRoot | Route::Console(_) => {
+                return Reply::method_not_allowed(Self::allowed(route));
+            }
+            Route::Keys | Route::Key(_) => {}
+        }
+        if method == Method::OPTIONS {
+            return cors::preflight(
+                &self.settings.allowed_origins,
+                session.req_header(),
+                Self::allowed(route),
+            );
+        }
+        let allowed = match route {
+            Route::Keys => method == Method::GET || method == Method::POST,
+            _ => method == Method::DELETE,
+        };
+        if !allowed {
+            return Reply::method_not_allowed(Self::allowed(route));
+        }
+        let caller = match self.authenticate(session).await {
+            Ok(p) => p,
+            Err(Refusal::Unauthorized(why)) => {
+                *auth_failure = Some(why);
+                return Reply::unauthorized();
+            }
+            Err(Refusal::ApiKey) => {
+                return Reply::error(
+                    403,
+                    "forbidden",
+                    Some("API keys cannot manage keys: use a login token from the console"),
+                );
+            }
+        };
+        *principal = Some(caller.clone());
+        let is_admin = caller.has_scope(&self.settings.admin_scope);
+        let ops = keys::Ops {
+            store: &*self.store,
+            evictor: &self.evictor,
+            caller: &caller,
+            is_admin,
+            max_keys_per_owner: self.settings.max_keys_per_owner,
+        };
+        let (reply, happened) = match route {
+            Route::Keys if method == Method::POST => match reply::read_body(session).await {
+                Ok(body) => ops.create(&body).await,
+                Err(reply) => (reply, None),
+            },
+            Route::Keys => (ops.list(session.req_header().uri.query()).await, None),
+            Route::Key(id) => ops.revoke(id).await,
+            _ => unreachable!("other routes answered above"),
+        };
+        if let Some(e) = &happened {
+            self.metrics.key_event(e.event);
+        }
+        *event = happened;
+        reply
+    }
+
+    /// JWTs only, verified exactly as on the data plane; an API key is refused outright, so
+    /// a leaked key can never mint more keys.
+    async fn authenticate(&self, session: &ServerSession) -> Result<Arc<Principal>, Refusal> {
+        match token::bearer(&session.req_header().headers) {
+            Err(ShapeError::Missing) => Err(Refusal::Unauthorized(AuthFailure::Missing)),
+            Err(ShapeError::Malformed) => Err(Refusal::Unauthorized(AuthFailure::Malformed)),
+            Ok(Bearer::ApiKey { .. }) => Err(Refusal::ApiKey),
+            Ok(Bearer::Jwt(jwt)) => self
+                .jwt
+                .verify(jwt)
+                .await
+                .ok_or(Refusal::Unauthorized(AuthFailure::Jwt)),
+        }
+    }
+}
+
+enum Refusal {
+    Unauthorized(AuthFailure),
+    ApiKey,
+}
+
+#[async_trait]
+impl ServeHttp for AdminApp {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let start = Instant::now();
+        let request_id = RequestId::from_client_or_new(
+            session
+                .req_header()
+                .headers
+                .get("x-request-id")
+                .map(|v| v.as_bytes()),
+        );
+        let (mut principal, mut auth_failure, mut event) = (None, None, None);
+        let reply = self
+            .handle(session, &mut principal, &mut auth_failure, &mut event)
+            .await;
+        if reply.close {
+            // A body left unread (too large, or cut short) must not be parsed as a request.
+            session.set_keepalive(None);
+        }
+        let origin = cors::allowed_origin(&self.settings.allowed_origins, session.req_header());
+        let head = session.req_header().method == Method::HEAD;
+        let response = reply.into_response(request_id.as_str(), origin, head);
+        let status = response.status().as_u16();
+        self.metrics.record(
+            SERVICE_LABEL,
+            &session.req_header().method,
+            status,
+            start.elapsed(),
+            None,
+            auth_failure,
+        );
+        if self.access_log.enabled() {
+            let line = reply::log_line(
+                session,
+                request_id.as_str(),
+                status,
+                start,
+                principal.as_deref(),
+                auth_failure,
+                event.as_ref(),
+            );
+            if !self.access_log.send(line) {
+                self.metrics.access_log_dropped();
+            }
+        }
+        response
+    }
+}

@@ -1,0 +1,242 @@
+//! Responses of the admin listener, its request bodies, and its access-log lines.
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+use std::time::{Duration, Instant, SystemTime};
+
+use http::Response;
+use pingora::protocols::http::ServerSession;
+use serde::Serialize;
+
+use super::{KeyEvent, SERVICE_LABEL};
+use crate::access_log::path_only;
+use crate::auth::{AuthFailure, Principal};
+use crate::errors::GatewayError;
+use crate::timefmt::rfc3339_millis;
+
+/// Bodies on the admin listener are a name and a few scopes: anything larger is not ours.
+pub const MAX_BODY: usize = 16 * 1024;
+/// How long a client may take to send its (small) body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Reply {
+    status: u16,
+    content_type: &'static str,
+    body: Cow<'static, [u8]>,
+    /// `www-authenticate`, `allow`, `location`, the console's security headers.
+    headers: Vec<(&'static str, Cow<'static, str>)>,
+    cache_control: &'static str,
+    /// Close the connection after this response: the request body was not read to its end.
+    pub close: bool,
+}
+
+impl Reply {
+    pub fn json(status: u16, body: Vec<u8>) -> Reply {
+        Reply {
+            status,
+            content_type: "application/json",
+            body: Cow::Owned(body),
+            headers: Vec::new(),
+            cache_control: "no-store",
+            close: false,
+        }
+    }
+
+    pub fn static_body(status: u16, content_type: &'static str, body: &'static [u8]) -> Reply {
+        Reply {
+            content_type,
+            body: Cow::Borrowed(body),
+            ..Reply::json(status, Vec::new())
+        }
+    }
+
+    pub fn no_content() -> Reply {
+        Reply::json(204, Vec::new())
+    }
+
+    /// `{"error": code, "message": message}`, the data plane's shape.
+    pub fn error(status: u16, code: &str, message: Option<&str>) -> Reply {
+        let body = match message {
+            Some(m) => serde_json::json!({ "error": code, "message": m }),
+            None => serde_json::json!({ "error": code }),
+        };
+        Reply::json(status, body.to_string().into_bytes())
+    }
+
+    /// The data plane's 401, byte for byte: same body, same headers, no reason given.
+    pub fn unauthorized() -> Reply {
+        let e = GatewayError::Unauthorized;
+        let mut reply = Reply::json(e.status(), e.body().to_vec());
+        reply
+            .headers
+            .push(("www-authenticate", Cow::Borrowed("Bearer")));
+        reply
+    }
+
+    pub fn method_not_allowed(allow: &'static str) -> Reply {
+        let message = format!("allowed: {allow}");
+        let mut reply = Reply::error(405, "method_not_allowed", Some(&message));
+        reply.headers.push(("allow", Cow::Borrowed(allow)));
+        reply
+    }
+
+    pub fn redirect(to: &'static str) -> Reply {
+        let mut reply = Reply::json(308, Vec::new());
+        reply.headers.push(("location", Cow::Borrowed(to)));
+        reply
+    }
+
+    pub fn header(mut self, name: &'static str, value: impl Into<Cow<'static, str>>) -> Reply {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    pub fn cache_control(mut self, value: &'static str) -> Reply {
+        self.cache_control = value;
+        self
+    }
+
+    fn closing(mut self) -> Reply {
+        self.close = true;
+        self
+    }
+
+    /// The response with the headers every admin response carries, in the data plane's order
+    /// (content-type, content-length, x-request-id, cache-control, then the reply's own), and
+    /// CORS headers when the request came from an allowed origin.
+    pub fn into_response(
+        self,
+        request_id: &str,
+        origin: Option<&str>,
+        head: bool,
+    ) -> Response<Vec<u8>> {
+        let mut builder = Response::builder().status(self.status);
+        if self.status != 204 && self.status != 308 {
+            builder = builder
+                .header("content-type", self.content_type)
+                .header("content-length", self.body.len());
+        }
+        builder = builder
+            .header("x-request-id", request_id)
+            .header("cache-control", self.cache_control);
+        for (name, value) in &self.headers {
+            builder = builder.header(*name, value.as_ref());
+        }
+        if let Some(origin) = origin {
+            builder = builder
+                .header("access-control-allow-origin", origin)
+                .header("access-control-expose-headers", "x-request-id");
+        }
+        if self.close {
+            builder = builder.header("connection", "close");
+        }
+        let body = if head {
+            Vec::new()
+        } else {
+            self.body.into_owned()
+        };
+        builder.body(body).unwrap_or_else(|e| {
+            log::error!("admin: cannot build a response: {e}");
+            let mut r = Response::new(br#"{"error":"internal_error"}"#.to_vec());
+            *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+            r
+        })
+    }
+}
+
+/// The whole request body, at most `MAX_BODY` bytes; a reply to send instead otherwise.
+pub async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
+    let too_large = || {
+        let message = format!("request body exceeds {MAX_BODY} bytes");
+        Reply::error(413, "payload_too_large", Some(&message)).closing()
+    };
+    let declared = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let read = async {
+        while let Some(chunk) = session.read_request_body().await? {
+            if body.len() + chunk.len() > MAX_BODY {
+                return Ok(false);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok::<bool, Box<pingora::Error>>(true)
+    };
+    match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(Ok(true)) => Ok(body),
+        Ok(Ok(false)) => Err(too_large()),
+        Ok(Err(_)) => Err(Reply::error(
+            400,
+            "bad_request",
+            Some("the request body could not be read"),
+        )
+        .closing()),
+        Err(_) => Err(Reply::error(
+            400,
+            "bad_request",
+            Some("the request body did not arrive in time"),
+        )
+        .closing()),
+    }
+}
+
+/// One admin request as logged: the data plane's fields, plus what happened to which key.
+/// Never a token, a key's secret, a query or a body.
+#[derive(Serialize)]
+struct Entry<'a> {
+    time: String,
+    request_id: &'a str,
+    method: &'a str,
+    service: &'a str,
+    path: Cow<'a, str>,
+    status: u16,
+    duration_ms: f64,
+    client: Option<IpAddr>,
+    principal_kind: Option<&'static str>,
+    principal_id: Option<&'a str>,
+    auth_failure: Option<&'static str>,
+    /// `created` or `revoked`, when the request did either.
+    key_event: Option<&'static str>,
+    key_id: Option<&'a str>,
+}
+
+pub fn log_line(
+    session: &ServerSession,
+    request_id: &str,
+    status: u16,
+    start: Instant,
+    principal: Option<&Principal>,
+    auth_failure: Option<AuthFailure>,
+    event: Option<&KeyEvent>,
+) -> Vec<u8> {
+    let elapsed = start.elapsed();
+    let req = session.req_header();
+    let entry = Entry {
+        time: rfc3339_millis(SystemTime::now() - elapsed),
+        request_id,
+        method: req.method.as_str(),
+        service: SERVICE_LABEL,
+        path: path_only(req.raw_path()),
+        status,
+        duration_ms: (elapsed.as_secs_f64() * 1e6).round() / 1e3,
+        client: session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip()),
+        principal_kind: principal.map(|p| p.kind.as_str()),
+        principal_id: principal.map(|p| &*p.id),
+        auth_failure: auth_failure.map(|f| f.as_str()),
+        key_event: event.map(|e| e.event),
+        key_id: event.map(|e| e.key_id.as_str()),
+    };
+    let mut line = serde_json::to_vec(&entry).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
