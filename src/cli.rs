@@ -155,6 +155,7 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                 println!("owner:   {}", key.record.owner.as_deref().unwrap_or("-"));
                 println!("scopes:  {}", key.record.scopes.join(","));
                 println!("expires: {}", time_or(key.record.expires_at, "never"));
+                record_event(&config_path, "created", &key.record.key_id);
                 println!("The key below is shown once; store it now.");
                 println!("{}", key.token);
                 Ok(())
@@ -175,6 +176,7 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                 }
                 match store.revoke(&key_id, unix_now()).await {
                     Ok(true) => {
+                        record_event(&config_path, "revoked", &key_id);
                         println!("revoked {key_id}");
                         Ok(())
                     }
@@ -184,6 +186,35 @@ fn keys(command: KeysCommand) -> Result<(), String> {
             }
         }
     })
+}
+
+/// Appends a create or revoke to the access-log file the config names, like the key API's
+/// lines (`service: "_cli"`, the key id, never a secret), so every key event is on record.
+/// One `write` of one line to a file opened for appending, so it never splits a gateway's line.
+fn record_event(config: &std::path::Path, event: &str, key_id: &str) {
+    use std::io::Write;
+    let Some(path) = Config::access_log_file_from(config) else {
+        return;
+    };
+    let user = std::env::var("USER").ok();
+    let mut line = serde_json::to_vec(&serde_json::json!({
+        "time": crate::timefmt::rfc3339_millis(std::time::SystemTime::now()),
+        "service": "_cli",
+        "key_event": event,
+        "key_id": key_id,
+        "principal_kind": "cli",
+        "principal_id": user,
+    }))
+    .unwrap_or_default();
+    line.push(b'\n');
+    let written = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(&line));
+    if let Err(e) = written {
+        log::warn!("cannot record the key event in {}: {e}", path.display());
+    }
 }
 
 fn validate_scopes(scopes: Vec<String>) -> Result<Vec<String>, String> {

@@ -221,6 +221,20 @@ async fn an_owner_creates_lists_uses_and_revokes_a_key() {
         assert_eq!(e["service"], "_admin");
     }
     assert!(!log.contains(secret), "the access log shows a secret");
+    // The CLI's create and revoke go to the same file.
+    let (cli_key, cli_id) = a.gw.create_key("infer", &["--owner", "alice"]);
+    a.gw.revoke(&cli_id);
+    let log = a.access_log();
+    let cli_events: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["service"] == "_cli")
+        .collect();
+    assert_eq!(cli_events.len(), 2, "{log}");
+    assert_eq!(cli_events[0]["key_event"], "created");
+    assert_eq!(cli_events[1]["key_event"], "revoked");
+    assert_eq!(cli_events[1]["key_id"], cli_id.as_str());
+    assert!(!log.contains(cli_key.split('.').nth(1).unwrap()));
     assert!(
         !a.gw.log().contains(secret),
         "the gateway log shows a secret"

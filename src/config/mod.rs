@@ -315,6 +315,24 @@ impl Config {
     }
 
     /// Only the key store, for the `keys` commands: they need no upstream secrets or DNS.
+    /// The access-log file, when the config names one: the `keys` commands append their
+    /// create and revoke events to it. Problems are ignored here (`serve -t` reports them).
+    pub fn access_log_file_from(path: &Path) -> Option<PathBuf> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let raw: file::File = toml::from_str(&text).ok()?;
+        let lookup = |name: &str| std::env::var(name).ok();
+        let mut v = Validator {
+            file: path.display().to_string(),
+            problems: Vec::new(),
+            lookup: &lookup,
+            resolve: &resolve_system,
+        };
+        match v.access_log(raw.access_log).destination {
+            AccessLogDestination::File { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
     pub fn key_store_from_file(path: &Path) -> Result<ApiKeySettings, ConfigError> {
         let shown = path.display().to_string();
         let one = |problem: String| ConfigError {
