@@ -1,15 +1,90 @@
 #!/usr/bin/env bash
-# `make run`: the demo upstream, a fresh demo API key, and the gateway in front, in the foreground.
+# `make run`: the demo upstream, a local OpenID provider, a fresh demo API key, and the gateway in
+# front with its key console, in the foreground.
+#
+# The gateway's config is conf/demo.toml plus, written to data/demo-console.toml, an [auth.jwt]
+# section trusting the local provider (tests/sdk/idp.mjs: oidc-provider on 127.0.0.1:$IDP_PORT)
+# and an [admin] section serving the key API and the console on 127.0.0.1:9200. Without Node.js
+# the demo runs as before, on conf/demo.toml alone (no provider, no console).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/debug/portcullis}
-CONF=conf/demo.toml
+BASE_CONF=conf/demo.toml
+IDP_PORT=${IDP_PORT:-9400}
+ADMIN=127.0.0.1:9200
+AUDIENCE=urn:portcullis:demo
+ISSUER=http://127.0.0.1:$IDP_PORT
+SDK=tests/sdk
+
+say() { echo "demo: $*"; }
+die() { echo "demo: error: $*" >&2; exit 1; }
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
 
 python3 demo/upstream.py --port 8000 >/dev/null &
-UPSTREAM=$!
-trap 'kill $UPSTREAM 2>/dev/null || true' EXIT
+pids+=($!)
+
+# ---- the local OpenID provider and the console config (needs Node.js) ----
+CONF=$BASE_CONF
+CONSOLE=0
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+    stamp=$SDK/node_modules/.sdk-lock.sha256
+    lock_hash=$(sha256sum "$SDK/package-lock.json" | cut -d' ' -f1)
+    if [ ! -d "$SDK/node_modules/oidc-provider" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$lock_hash" ]; then
+        say "npm ci in $SDK (the local OpenID provider, once)"
+        (cd "$SDK" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in $SDK failed"
+        echo "$lock_hash" >"$stamp"
+    fi
+    mkdir -p data
+    IDP_LOG=data/demo-idp.log
+    node "$SDK/idp.mjs" --port "$IDP_PORT" --audience "$AUDIENCE" \
+        --console-redirect "http://$ADMIN/console/,http://localhost:${ADMIN#*:}/console/" >"$IDP_LOG" 2>&1 &
+    IDP=$!
+    pids+=("$IDP")
+    for _ in $(seq 100); do
+        grep -q '^LISTENING' "$IDP_LOG" 2>/dev/null && break
+        kill -0 "$IDP" 2>/dev/null || die "the OpenID provider did not start (port $IDP_PORT busy? IDP_PORT= changes it):
+$(tail -5 "$IDP_LOG")"
+        sleep 0.1
+    done
+    grep -q '^LISTENING' "$IDP_LOG" || die "the OpenID provider did not start within 10 s: $(tail -5 "$IDP_LOG")"
+
+    # conf/demo.toml plus what the console needs (sections it already has are left as they are).
+    CONF=data/demo-console.toml
+    {
+        echo "# Written by scripts/demo.sh at every \`make run\`: conf/demo.toml plus the console. Edit conf/demo.toml."
+        cat "$BASE_CONF"
+        if ! grep -q '^\[auth\.jwt\]' "$BASE_CONF"; then
+            printf '\n# The local OpenID provider (tests/sdk/idp.mjs) started by scripts/demo.sh.\n'
+            printf '[auth.jwt]\nissuer = "%s"\naudience = "%s"\n' "$ISSUER" "$AUDIENCE"
+        fi
+        if ! grep -q '^\[admin\]' "$BASE_CONF"; then
+            printf '\n# The key API and the key console, same origin (no CORS needed).\n'
+            printf '[admin]\nlisten = "%s"\nconsole = true\nallowed_origins = []\n' "$ADMIN"
+        fi
+    } >"$CONF"
+    CONSOLE=1
+else
+    say "Node.js not found: running without the OpenID provider and the key console"
+fi
 
 KEY=$("$BIN" keys create --config "$CONF" --name "demo $(date +%FT%T)" --scopes infer,chatx,chaty,embed | tail -n 1)
+
+if [ "$CONSOLE" = 1 ]; then
+    cat <<MSG
+
+  Key console: http://$ADMIN/console/
+    1. Open it and press "Sign in". The local OpenID provider ($ISSUER) asks for a login:
+       any name works and becomes your identity (password: anything). Log in as "admin" and tick
+       "Request administrator access" to see and revoke everyone's keys.
+    2. Press "Continue" on the consent page; you are back in the console.
+    3. Create a key (name, scopes, expiry): the full key is shown once, with a curl command.
+    4. Revoke it in the list: the gateway refuses it within seconds.
+  The key API itself: http://$ADMIN/v1/keys (a login token as Bearer), described at http://$ADMIN/openapi.json
+MSG
+fi
 
 cat <<MSG
 
@@ -36,7 +111,7 @@ cat <<MSG
     curl -s http://127.0.0.1:9100/metrics | grep ^portcullis_                           # portcullis_tokens_total too
     target/debug/portcullis keys list --config $CONF
 
-  Ctrl-C stops both.
+  Ctrl-C stops them all.
 
 MSG
 "$BIN" serve --config "$CONF"
