@@ -35,12 +35,18 @@ test-deps: deps
 	  echo "installing redis-server (the fleet rate-limit tests start a real one of their own)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
+	@[ -x /usr/bin/chromium ] || { \
+	  echo "installing chromium (scripts/browser-tests.sh drives the key console in it)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
 test: test-deps
 	$(CARGO) test --lib --bins --tests -- --test-threads=4
 	$(CARGO) test --bench auth
 	scripts/fuzz.sh smoke
 	scripts/sdk-tests.sh
+	scripts/admin-api-tests.sh
+	scripts/browser-tests.sh
 
 # Coverage-guided fuzzing of every parser that reads client bytes: 10 million executions or
 # 30 minutes per target (FUZZ_RUNS, FUZZ_SECONDS). Installs cargo-fuzz when missing.

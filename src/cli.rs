@@ -199,6 +199,8 @@ fn record_event(config: &std::path::Path, event: &str, key_id: &str) {
     let user = std::env::var("USER").ok();
     let mut line = serde_json::to_vec(&serde_json::json!({
         "time": crate::timefmt::rfc3339_millis(std::time::SystemTime::now()),
+        // Every line has an id, so tools that index the log by it take these too.
+        "request_id": crate::proxy::RequestId::from_client_or_new(None).as_str(),
         "service": "_cli",
         "key_event": event,
         "key_id": key_id,

@@ -37,5 +37,4 @@ pub fn preflight(allowed: &[String], req: &RequestHeader, methods: &'static str)
         .header("access-control-allow-methods", methods)
         .header("access-control-allow-headers", ALLOWED_HEADERS)
         .header("access-control-max-age", MAX_AGE_SECONDS)
-        .header("vary", "origin")
 }

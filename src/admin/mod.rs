@@ -11,9 +11,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use http::{Method, Response};
-use pingora::apps::http_app::ServeHttp;
+use bytes::Bytes;
+use http::Method;
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
 use pingora::protocols::http::ServerSession;
+use pingora::server::ShutdownWatch;
 
 use crate::access_log::AccessLog;
 use crate::auth::api_keys::{KeyEvictor, KeyStore};
@@ -23,6 +25,7 @@ use crate::auth::{AuthFailure, Principal};
 use crate::config::{AdminSettings, Config};
 use crate::metrics::Metrics;
 use crate::proxy::RequestId;
+use pingora::http::ResponseHeader;
 use reply::Reply;
 
 /// The metrics and access-log label of every admin request.
@@ -215,9 +218,50 @@ enum Refusal {
     ApiKey,
 }
 
+/// Pingora's `ServeHttp` would do, but it writes header names in its own case: this writes
+/// the head as the data plane does, so the 401s of both are the same bytes.
 #[async_trait]
-impl ServeHttp for AdminApp {
-    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+impl HttpServerApp for AdminApp {
+    async fn process_new_http(
+        self: &Arc<Self>,
+        mut session: ServerSession,
+        shutdown: &ShutdownWatch,
+    ) -> Option<ReusedHttpStream> {
+        match session.read_request().await {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => {
+                log::debug!("admin: cannot read a request: {e}");
+                return None;
+            }
+        }
+        session.set_keepalive((!*shutdown.borrow()).then_some(60));
+        let (head, body) = self.respond(&mut session).await?;
+        let has_body = !body.is_empty();
+        if let Err(e) = session.write_response_header(Box::new(head)).await {
+            log::debug!("admin: cannot answer: {e}");
+            return None;
+        }
+        if has_body {
+            if let Err(e) = session.write_response_body(Bytes::from(body), true).await {
+                log::debug!("admin: cannot answer: {e}");
+                return None;
+            }
+        }
+        let persistent = HttpPersistentSettings::for_session(&session);
+        match session.finish().await {
+            Ok(stream) => stream.map(|s| ReusedHttpStream::from_reusable_stream(s, persistent)),
+            Err(e) => {
+                log::debug!("admin: cannot finish a response: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl AdminApp {
+    /// One request: its answer, recorded in the metrics and the access log.
+    async fn respond(&self, session: &mut ServerSession) -> Option<(ResponseHeader, Vec<u8>)> {
         let start = Instant::now();
         let request_id = RequestId::from_client_or_new(
             session
@@ -230,14 +274,15 @@ impl ServeHttp for AdminApp {
         let reply = self
             .handle(session, &mut principal, &mut auth_failure, &mut event)
             .await;
-        if reply.close {
-            // A body left unread (too large, or cut short) must not be parsed as a request.
+        // Like the data plane: every 401 closes (all alike, and guessing costs a connection),
+        // and a body left unread (too large, cut short) must not be read as a request.
+        if reply.close || auth_failure.is_some() {
             session.set_keepalive(None);
         }
         let origin = cors::allowed_origin(&self.settings.allowed_origins, session.req_header());
         let head = session.req_header().method == Method::HEAD;
-        let response = reply.into_response(request_id.as_str(), origin, head);
-        let status = response.status().as_u16();
+        let parts = reply.into_parts(request_id.as_str(), origin, head);
+        let status = parts.as_ref().map_or(500, |(h, _)| h.status.as_u16());
         self.metrics.record(
             SERVICE_LABEL,
             &session.req_header().method,
@@ -260,6 +305,8 @@ impl ServeHttp for AdminApp {
                 self.metrics.access_log_dropped();
             }
         }
-        response
+        parts
+            .map_err(|e| log::error!("admin: cannot build a response: {e}"))
+            .ok()
     }
 }

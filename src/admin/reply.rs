@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::net::IpAddr;
 use std::time::{Duration, Instant, SystemTime};
 
-use http::Response;
+use pingora::http::ResponseHeader;
 use pingora::protocols::http::ServerSession;
 use serde::Serialize;
 
@@ -101,46 +101,37 @@ impl Reply {
         self
     }
 
-    /// The response with the headers every admin response carries, in the data plane's order
-    /// (content-type, content-length, x-request-id, cache-control, then the reply's own), and
-    /// CORS headers when the request came from an allowed origin.
-    pub fn into_response(
+    /// The response head with the headers every admin response carries, named and ordered as
+    /// the data plane's (content-type, content-length, x-request-id, cache-control, then the
+    /// reply's own), so a 401 is the same bytes on both; CORS headers when the request came
+    /// from an allowed origin. And the body (empty for HEAD).
+    pub fn into_parts(
         self,
         request_id: &str,
         origin: Option<&str>,
         head: bool,
-    ) -> Response<Vec<u8>> {
-        let mut builder = Response::builder().status(self.status);
+    ) -> pingora::Result<(ResponseHeader, Vec<u8>)> {
+        let mut h = ResponseHeader::build(self.status, Some(8 + self.headers.len()))?;
         if self.status != 204 && self.status != 308 {
-            builder = builder
-                .header("content-type", self.content_type)
-                .header("content-length", self.body.len());
+            h.insert_header("content-type", self.content_type)?;
+            h.insert_header("content-length", self.body.len())?;
         }
-        builder = builder
-            .header("x-request-id", request_id)
-            .header("cache-control", self.cache_control);
+        h.insert_header("x-request-id", request_id)?;
+        h.insert_header("cache-control", self.cache_control)?;
         for (name, value) in &self.headers {
-            builder = builder.header(*name, value.as_ref());
+            h.append_header(*name, value.as_ref())?;
         }
         if let Some(origin) = origin {
-            builder = builder
-                .header("access-control-allow-origin", origin)
-                .header("access-control-expose-headers", "x-request-id");
-        }
-        if self.close {
-            builder = builder.header("connection", "close");
+            h.insert_header("access-control-allow-origin", origin)?;
+            h.insert_header("access-control-expose-headers", "x-request-id")?;
+            h.insert_header("vary", "origin")?;
         }
         let body = if head {
             Vec::new()
         } else {
             self.body.into_owned()
         };
-        builder.body(body).unwrap_or_else(|e| {
-            log::error!("admin: cannot build a response: {e}");
-            let mut r = Response::new(br#"{"error":"internal_error"}"#.to_vec());
-            *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-            r
-        })
+        Ok((h, body))
     }
 }
 
