@@ -60,6 +60,8 @@ pub struct Entry<'a> {
     pub model: Option<&'a str>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    /// The configured `host:port` of the replica the request went to last; null if none.
+    pub replica: Option<&'a str>,
 }
 
 impl<'a> Entry<'a> {
@@ -93,6 +95,7 @@ impl<'a> Entry<'a> {
             model: ctx.openai.as_ref().and_then(|x| x.model.as_deref()),
             prompt_tokens: usage.and_then(|u| u.prompt_tokens),
             completion_tokens: usage.and_then(|u| u.completion_tokens),
+            replica: ctx.replica.as_ref().map(|c| &*c.replica().label),
         }
     }
 

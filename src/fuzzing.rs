@@ -226,7 +226,7 @@ pub fn config_loader(data: &[u8]) {
     // No network: only IP literals resolve. `${VAR}` finds `X` alone.
     let resolve = |host: &str, port: u16| {
         host.parse::<std::net::IpAddr>()
-            .map(|ip| std::net::SocketAddr::new(ip, port))
+            .map(|ip| vec![std::net::SocketAddr::new(ip, port)])
             .map_err(|_| format!("`{host}` is not resolved while fuzzing"))
     };
     let lookup = |name: &str| (name == "X").then(|| "x".to_string());
@@ -277,6 +277,7 @@ pub fn access_log_json(data: &[u8]) {
         model: Some(&id),
         prompt_tokens: Some(1),
         completion_tokens: None,
+        replica: Some(&id),
     };
     let line = entry.to_line();
     assert_eq!(line.last(), Some(&b'\n'));

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod model_policy;
 pub mod proxy;
 pub mod rate_limit;
+pub mod replicas;
 pub mod routing;
 pub mod server;
 pub mod shutdown;

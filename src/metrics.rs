@@ -8,8 +8,8 @@ use http::{Method, Response};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::auth::AuthFailure;
@@ -35,6 +35,7 @@ pub struct Metrics {
     tokens: IntCounterVec,
     revocation_push: IntCounterVec,
     key_events: IntCounterVec,
+    upstream_healthy: IntGaugeVec,
 }
 
 impl Metrics {
@@ -144,8 +145,17 @@ impl Metrics {
         for event in ["created", "revoked"] {
             key_events.with_label_values(&[event]);
         }
+        let upstream_healthy = IntGaugeVec::new(
+            Opts::new(
+                "portcullis_upstream_healthy",
+                "1 while a replica is in rotation, 0 while a health check fails or connect failures took it out; replica is the configured host:port.",
+            ),
+            &["service", "replica"],
+        )
+        .expect("valid metric");
         for m in [
             Box::new(revocation_push.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(upstream_healthy.clone()),
             Box::new(key_events.clone()),
             Box::new(tokens.clone()),
             Box::new(upstream_errors.clone()),
@@ -176,6 +186,7 @@ impl Metrics {
             tokens,
             revocation_push,
             key_events,
+            upstream_healthy,
         }
     }
 
@@ -250,6 +261,11 @@ impl Metrics {
     /// Handed to the revocation listener, which counts what happens to it.
     pub fn revocation_push_events(&self) -> IntCounterVec {
         self.revocation_push.clone()
+    }
+
+    /// The gauge of one replica, set by its health.
+    pub fn upstream_healthy(&self, service: &str, replica: &str) -> IntGauge {
+        self.upstream_healthy.with_label_values(&[service, replica])
     }
 
     /// `created` or `revoked`, counted by the key API.

@@ -21,7 +21,8 @@ use crate::auth::jwt::JwtVerifier;
 use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::metrics::{Metrics, MetricsApp};
-use crate::proxy::Gateway;
+use crate::proxy::{upstream, Gateway};
+use crate::replicas::{DnsRefresh, HealthChecks, MakePeer, Replicas, UpstreamResolver};
 use crate::shutdown::{Connections, Drain, Tracked, Watchdog};
 
 pub struct ServeOptions {
@@ -30,15 +31,19 @@ pub struct ServeOptions {
 }
 
 /// Runs until shutdown. A drained graceful shutdown exits the process from `Drain`.
-pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
+pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
     // Stores and key sets are opened now, so a bad database path or an unreachable issuer
     // fails at start-up, not on the first request. The runtime is dropped before Pingora forks.
     let metrics = Arc::new(Metrics::new());
-    let (auth, jwt, push, keys) = tokio::runtime::Builder::new_current_thread()
+    let startup = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start a runtime: {e}"))?
-        .block_on(build_auth(&config, &metrics))?;
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let (auth, jwt, push, keys) = startup.block_on(build_auth(&config, &metrics))?;
+    // With `[dns] servers`, host names are first resolved there, now: a name that does not
+    // resolve fails the start like any other config error.
+    startup.block_on(resolve_with_own_dns(&mut config))?;
+    drop(startup);
     // Opened before the fork too: a path that cannot be written is a start-up error.
     let (access_log, access_log_service) = access_log::open(&config.access_log)
         .map_err(|e| format!("access_log.destination: cannot open: {e}"))?;
@@ -80,7 +85,14 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
         }),
         _ => None,
     };
-    let gateway = Gateway::new(&config, auth, metrics.clone(), access_log.clone());
+    let upstreams = Upstreams::new(&config, &metrics);
+    let gateway = Gateway::new(
+        &config,
+        auth,
+        metrics.clone(),
+        access_log.clone(),
+        upstreams.replicas,
+    );
     let connections = Arc::new(Connections::default());
     let mut http = pingora::proxy::http_proxy(&server.configuration, gateway);
     // Pingora would answer CONNECT itself with a bare 405; let it reach `request_filter`, which
@@ -123,6 +135,10 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
         service.threads = Some(1);
         server.add_service(service);
     }
+    server.add_service(background_service("health checks", upstreams.health));
+    if !upstreams.dns.is_empty() {
+        server.add_service(background_service("dns refresh", upstreams.dns));
+    }
     if let Some(jwt) = jwt {
         server.add_service(background_service("jwks refresh", JwksRefresh(jwt)));
     }
@@ -162,6 +178,62 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), String> {
     // Returns after SIGINT, or when the grace period ran out with connections still open.
     server.run(RunArgs::default());
     access_log.flush(Duration::from_secs(2));
+    Ok(())
+}
+
+/// Every service's replicas, and the background services that keep them current.
+struct Upstreams {
+    replicas: Vec<Arc<Replicas>>,
+    health: HealthChecks,
+    dns: DnsRefresh,
+}
+
+impl Upstreams {
+    fn new(config: &Config, metrics: &Metrics) -> Upstreams {
+        let mut health = HealthChecks::default();
+        let mut dns = DnsRefresh::new(config.dns_servers.clone());
+        let replicas = config
+            .services
+            .iter()
+            .map(|service| {
+                let settings = service.clone();
+                let make_peer: MakePeer =
+                    Arc::new(move |up, address| upstream::peer_for(&settings, up, address));
+                let replicas = Arc::new(Replicas::new(service, metrics, &*make_peer));
+                let b = &service.balancing;
+                health.add(
+                    replicas.clone(),
+                    b.health_check.as_ref(),
+                    &service.replicas,
+                    &*make_peer,
+                );
+                dns.add(&replicas, &service.replicas, b.dns_refresh, &make_peer);
+                replicas
+            })
+            .collect();
+        Upstreams {
+            replicas,
+            health,
+            dns,
+        }
+    }
+}
+
+async fn resolve_with_own_dns(config: &mut Config) -> Result<(), String> {
+    let Some(servers) = config.dns_servers.clone() else {
+        return Ok(());
+    };
+    let resolver = UpstreamResolver::new(Some(&servers))?;
+    for service in &mut config.services {
+        for (i, up) in service.replicas.iter_mut().enumerate() {
+            if up.addresses.is_empty() {
+                up.addresses = resolver
+                    .resolve(&up.host, up.port)
+                    .await
+                    .map_err(|e| format!("services.{}.upstream[{i}]: {e}", service.name))?;
+            }
+        }
+    }
     Ok(())
 }
 

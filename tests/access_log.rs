@@ -105,6 +105,7 @@ fn the_access_log_has_a_line_per_request_and_no_secret() {
             "principal_id",
             "principal_kind",
             "prompt_tokens",
+            "replica",
             "request_id",
             "service",
             "status",
@@ -121,6 +122,7 @@ fn the_access_log_has_a_line_per_request_and_no_secret() {
     assert_eq!(ok["principal_kind"], "api_key");
     assert_eq!(ok["principal_id"], key_id.as_str());
     assert_eq!(ok["client"], "127.0.0.1");
+    assert_eq!(ok["replica"], format!("127.0.0.1:{}", up.port));
     assert!(ok["auth_failure"].is_null());
     assert!(ok["upstream_ttfb_ms"].as_f64().unwrap() <= ok["duration_ms"].as_f64().unwrap());
     let time = ok["time"].as_str().unwrap();

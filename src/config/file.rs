@@ -18,6 +18,31 @@ pub struct File {
     pub services: BTreeMap<String, Service>,
     pub rate_limits: Option<RateLimits>,
     pub admin: Option<Admin>,
+    pub dns: Option<Dns>,
+}
+
+/// `[dns]`: where upstream host names are resolved.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Dns {
+    /// `ip:port` of DNS servers; default: the system's resolv.conf (and hosts file).
+    pub servers: Vec<String>,
+}
+
+/// `upstream = "http://…"` or `upstream = ["http://…", …]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Replicas {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    pub path: String,
+    pub interval_seconds: Option<u64>,
+    pub timeout_seconds: Option<u64>,
 }
 
 /// `[admin]`: the key-management API for the console, on a listener of its own.
@@ -109,7 +134,13 @@ pub struct Jwt {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Service {
-    pub upstream: Option<String>,
+    pub upstream: Option<Replicas>,
+    /// `least_requests` (default) or `round_robin`.
+    pub balance: Option<String>,
+    pub health_check: Option<HealthCheck>,
+    pub dns_refresh_seconds: Option<u64>,
+    pub eject_after_connect_failures: Option<u32>,
+    pub eject_seconds: Option<u64>,
     pub scope: Option<String>,
     pub connect_timeout_seconds: Option<u64>,
     pub read_timeout_seconds: Option<u64>,

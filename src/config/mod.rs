@@ -5,6 +5,7 @@
 mod admin;
 mod env;
 mod file;
+mod replicas;
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -17,6 +18,7 @@ use crate::model_policy::Models;
 
 pub use admin::AdminSettings;
 pub use env::expand as expand_env;
+pub use replicas::{Balance, Balancing, HealthCheckSettings};
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -29,6 +31,8 @@ pub struct Config {
     pub services: Vec<ServiceConfig>,
     pub rate_limits: RateLimitSettings,
     pub admin: Option<AdminSettings>,
+    /// `[dns] servers`: upstream host names are resolved there; `None`: the system's resolver.
+    pub dns_servers: Option<Vec<SocketAddr>>,
 }
 
 #[derive(Debug, Clone)]
@@ -106,7 +110,9 @@ pub struct ServiceConfig {
     /// The `<service>` segment of `/v1/<service>/...`.
     pub name: String,
     pub scope: String,
-    pub upstream: Upstream,
+    /// One or more; all share a scheme and a base path.
+    pub replicas: Vec<Upstream>,
+    pub balancing: Balancing,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
     pub idle_timeout: Duration,
@@ -151,8 +157,10 @@ pub struct Upstream {
     pub port: u16,
     /// Path prefix the forwarded remainder is appended to; empty or `/base` without a trailing slash.
     pub base_path: String,
-    /// Resolved once at start-up: Pingora would otherwise resolve, blocking, per request.
-    pub address: SocketAddr,
+    /// Resolved at start-up (Pingora would otherwise resolve, blocking, per request), then
+    /// every `dns_refresh_seconds` off the request path when `host` is a name. Empty when
+    /// `[dns]` servers resolve it at start-up instead.
+    pub addresses: Vec<SocketAddr>,
     /// `host:port`, the Host header the upstream is sent.
     pub host_header: HeaderValue,
 }
@@ -211,15 +219,18 @@ fn toml_problem(shown: &str, text: &str, e: &toml::de::Error) -> String {
 
 /// Resolves an upstream's host once, at start-up; a parameter so that checks which must not
 /// touch the network (fuzzing) can pass their own.
-pub type Resolver<'a> = &'a dyn Fn(&str, u16) -> Result<SocketAddr, String>;
+pub type Resolver<'a> = &'a dyn Fn(&str, u16) -> Result<Vec<SocketAddr>, String>;
 
 /// The system resolver (blocking, at start-up only).
-pub fn resolve_system(host: &str, port: u16) -> Result<SocketAddr, String> {
-    (host, port)
+pub fn resolve_system(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+    let addresses: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve `{host}`: {e}"))?
-        .next()
-        .ok_or_else(|| format!("`{host}` resolves to no address"))
+        .collect();
+    if addresses.is_empty() {
+        return Err(format!("`{host}` resolves to no address"));
+    }
+    Ok(addresses)
 }
 
 impl std::error::Error for ConfigError {}
@@ -285,7 +296,10 @@ impl Config {
             lookup,
             resolve,
         };
+        let dns_servers = v.dns(raw.dns);
+        let own_dns = dns_servers.is_some();
         let config = Config {
+            dns_servers,
             path: path.to_path_buf(),
             server: v.server(raw.server),
             metrics: raw.metrics.map(|m| v.metrics(m)),
@@ -295,7 +309,7 @@ impl Config {
             services: raw
                 .services
                 .into_iter()
-                .filter_map(|(name, s)| v.service(name, s))
+                .filter_map(|(name, s)| v.service(name, s, own_dns))
                 .collect(),
             rate_limits: v.rate_limits(raw.rate_limits),
             admin: None,
@@ -602,7 +616,7 @@ impl Validator<'_> {
         })
     }
 
-    fn service(&mut self, name: String, s: file::Service) -> Option<ServiceConfig> {
+    fn service(&mut self, name: String, s: file::Service, own_dns: bool) -> Option<ServiceConfig> {
         let key = format!("services.{name}");
         let name_ok = !name.is_empty()
             && name
@@ -614,6 +628,7 @@ impl Validator<'_> {
             // `_local` and `_unknown` are metric labels of their own.
             self.problem(&key, "a service name may not start with `_`");
         }
+        let balancing = self.balancing(&key, &s);
         let scope = s.scope.filter(|s| !s.is_empty());
         match &scope {
             None => self.problem(&format!("{key}.scope"), "is required"),
@@ -623,22 +638,7 @@ impl Validator<'_> {
             ),
             Some(_) => {}
         }
-        let upstream = match &s.upstream {
-            None => {
-                self.problem(&format!("{key}.upstream"), "is required");
-                None
-            }
-            Some(raw) => {
-                let url = self.expand(&format!("{key}.upstream"), raw);
-                url.and_then(|url| match parse_upstream(&url, self.resolve) {
-                    Ok(u) => Some(u),
-                    Err(e) => {
-                        self.problem(&format!("{key}.upstream"), e);
-                        None
-                    }
-                })
-            }
-        };
+        let replicas = self.replicas(&key, s.upstream.as_ref(), own_dns);
         let mut upstream_headers = Vec::new();
         for (header, value) in &s.upstream_headers {
             let hkey = format!("{key}.upstream_headers.{header}");
@@ -666,7 +666,7 @@ impl Validator<'_> {
         }
         let ca_certs = s.ca_file.as_deref().and_then(|path| {
             let ckey = format!("{key}.ca_file");
-            if upstream.as_ref().is_some_and(|u| !u.tls) {
+            if replicas.as_ref().is_some_and(|r| !r[0].tls) {
                 self.problem(&ckey, "applies only to an https upstream");
             }
             match load_pem_certs(path) {
@@ -700,7 +700,8 @@ impl Validator<'_> {
         Some(ServiceConfig {
             name,
             scope: scope?,
-            upstream: upstream?,
+            replicas: replicas?,
+            balancing,
             connect_timeout,
             read_timeout,
             idle_timeout,
@@ -862,7 +863,7 @@ fn parse_upstream(url: &str, resolve: Resolver<'_>) -> Result<Upstream, String> 
     }
     let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
     let base_path = uri.path().trim_end_matches('/').to_string();
-    let address = resolve(&host, port)?;
+    let addresses = resolve(&host, port)?;
     let host_header = HeaderValue::from_str(&format!("{bracketed}:{port}"))
         .map_err(|_| format!("`{url}` has an invalid host"))?;
     Ok(Upstream {
@@ -870,7 +871,7 @@ fn parse_upstream(url: &str, resolve: Resolver<'_>) -> Result<Upstream, String> 
         host,
         port,
         base_path,
-        address,
+        addresses,
         host_header,
     })
 }

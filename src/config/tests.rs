@@ -25,11 +25,11 @@ fn the_reference_config_parses() {
     let c = parse(&text).unwrap();
     assert_eq!(c.services.len(), 4);
     let chatx = c.services.iter().find(|s| s.name == "chatx").unwrap();
-    assert!(chatx.upstream.tls);
-    assert_eq!(chatx.upstream.port, 443);
+    assert!(chatx.replicas[0].tls);
+    assert_eq!(chatx.replicas[0].port, 443);
     assert_eq!(chatx.upstream_headers[0].1, "Bearer sk-upstream");
     let chaty = c.services.iter().find(|s| s.name == "chaty").unwrap();
-    assert_eq!(chaty.upstream.base_path, "/openai");
+    assert_eq!(chaty.replicas[0].base_path, "/openai");
     assert_eq!(c.server.max_request_body_bytes, 33_554_432);
     assert_eq!(c.api_keys.unwrap().cache_ttl, Duration::from_secs(15));
     assert_eq!(c.jwt.unwrap().algorithms.len(), 3);
@@ -49,8 +49,8 @@ fn defaults_apply() {
     let s = &c.services[0];
     assert_eq!(s.connect_timeout, Duration::from_secs(3));
     assert_eq!(s.read_timeout, Duration::from_secs(300));
-    assert_eq!(s.upstream.base_path, "");
-    assert_eq!(s.upstream.host_header, "127.0.0.1:8000");
+    assert_eq!(s.replicas[0].base_path, "");
+    assert_eq!(s.replicas[0].host_header, "127.0.0.1:8000");
     assert!(c.api_keys.is_none() && c.jwt.is_none() && c.metrics.is_none());
 }
 

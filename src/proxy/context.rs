@@ -73,6 +73,13 @@ pub struct RequestCtx {
     /// A chat or embeddings call on an `api = "openai"` service; boxed, as most requests
     /// have none.
     pub openai: Option<Box<super::openai::Exchange>>,
+    /// The replica the request is with (counted in flight while held).
+    pub replica: Option<crate::replicas::Chosen>,
+    /// Replicas already tried by this request (bit i = replica i): each is tried once.
+    pub tried: u64,
+    /// Bytes of the request may have reached a replica (an error came after connecting): a
+    /// retry may only go back to that replica, never to another.
+    pub reached_replica: bool,
 }
 
 impl Default for RequestCtx {
@@ -91,6 +98,9 @@ impl Default for RequestCtx {
             upstream_ttfb: None,
             streaming: false,
             openai: None,
+            replica: None,
+            tried: 0,
+            reached_replica: false,
         }
     }
 }

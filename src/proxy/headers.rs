@@ -45,6 +45,7 @@ const UPSTREAM_SESSION: [&str; 4] = [
 pub fn to_upstream(
     req: &mut RequestHeader,
     service: &ServiceConfig,
+    host: &http::HeaderValue,
     client_ip: Option<IpAddr>,
     client_tls: bool,
     request_id: &str,
@@ -52,7 +53,7 @@ pub fn to_upstream(
     for name in CLIENT_SECRETS.iter().chain(&CLIENT_CLAIMED_IDENTITY) {
         req.remove_header(*name);
     }
-    req.insert_header("host", service.upstream.host_header.clone())?;
+    req.insert_header("host", host.clone())?;
     match client_ip {
         // A client-sent value is replaced, never appended to: it cannot be trusted.
         Some(ip) => req.insert_header("x-forwarded-for", ip.to_string())?,

@@ -4,7 +4,7 @@
 mod context;
 mod headers;
 pub mod openai;
-mod upstream;
+pub(crate) mod upstream;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,11 +26,13 @@ use crate::errors::{write_local, GatewayError, Malformed};
 use crate::metrics::Metrics;
 use crate::model_policy::{Endpoint, Models};
 use crate::rate_limit::{self, Limit};
+use crate::replicas::Replicas;
 use crate::routing::{self, Target};
 
 pub struct Gateway {
     services: Vec<ServiceConfig>,
-    peers: Vec<HttpPeer>,
+    /// Per service, parallel to `services`.
+    replicas: Vec<Arc<Replicas>>,
     /// Per service, parallel to `services`.
     limits: Vec<Limit>,
     max_body: u64,
@@ -52,11 +54,13 @@ enum Decision {
 }
 
 impl Gateway {
+    /// `replicas`: per service, parallel to `config.services` (see `Gateway::replicas_of`).
     pub fn new(
         config: &Config,
         auth: Authenticator,
         metrics: Arc<Metrics>,
         access_log: AccessLog,
+        replicas: Vec<Arc<Replicas>>,
     ) -> Gateway {
         for service in config.services.iter().filter(|s| s.openai.is_some()) {
             // Present from the start at 0, so a rate() over it is defined before the first call.
@@ -76,7 +80,7 @@ impl Gateway {
                 ))
             });
         Gateway {
-            peers: config.services.iter().map(upstream::peer_for).collect(),
+            replicas,
             limits: config
                 .services
                 .iter()
@@ -265,7 +269,79 @@ impl ProxyHttp for Gateway {
         let route = ctx
             .route
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
-        Ok(Box::new(self.peers[route].clone()))
+        let replicas = &self.replicas[route];
+        let chosen = match (ctx.reached_replica, &ctx.replica) {
+            (true, Some(same)) => replicas.again(same.index),
+            _ => replicas.choose(ctx.tried),
+        };
+        let Some((chosen, peer)) = chosen else {
+            return Error::e_explain(ErrorType::ConnectNoRoute, "every replica was tried");
+        };
+        ctx.tried |= 1 << chosen.index;
+        // Replacing the previous choice ends its in-flight count.
+        ctx.replica = Some(chosen);
+        Ok(Box::new(peer))
+    }
+
+    /// A connect refusal or timeout: nothing of the request reached the replica, so the next
+    /// untried replica may take it (each at most once; `upstream_peer` chooses). Not once a
+    /// replica may have seen it (see `error_while_proxy`).
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        if let (Some(route), Some(chosen)) = (ctx.route, &ctx.replica) {
+            let replicas = &self.replicas[route];
+            replicas.connect_failed(chosen.index);
+            if !ctx.reached_replica && (ctx.tried.count_ones() as usize) < replicas.len() {
+                e.set_retry(true);
+            }
+        }
+        e
+    }
+
+    /// An error once connected: never replayed on another replica. Once the request head is
+    /// written, the replica may have started a generation, and a replay elsewhere would run
+    /// (and bill) it twice; the caller gets the 502 instead. Pingora's own rule stays: it
+    /// retries an idempotent request whose pooled connection failed at once (most often the
+    /// replica had closed it while idle), but only on the same replica: a replica that died
+    /// with the request in hand may have read it, so if it cannot be reached the answer is 502.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
+        {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        ctx.reached_replica = true;
+        e
+    }
+
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        #[cfg(unix)] _fd: std::os::unix::io::RawFd,
+        #[cfg(windows)] _sock: std::os::windows::io::RawSocket,
+        _digest: Option<&pingora::protocols::Digest>,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let (Some(route), Some(chosen)) = (ctx.route, &ctx.replica) {
+            self.replicas[route].connected(chosen.index);
+        }
+        Ok(())
     }
 
     async fn upstream_request_filter(
@@ -277,8 +353,9 @@ impl ProxyHttp for Gateway {
         let service = &self.services[ctx.route.unwrap_or_default()];
         // 5. Rewrite: the upstream's base path, then the remainder and query byte for byte.
         let forward = &session.req_header().raw_path()[ctx.forward_from..];
-        let mut target = Vec::with_capacity(service.upstream.base_path.len() + forward.len());
-        target.extend_from_slice(service.upstream.base_path.as_bytes());
+        let base_path = &service.replicas[0].base_path;
+        let mut target = Vec::with_capacity(base_path.len() + forward.len());
+        target.extend_from_slice(base_path.as_bytes());
         target.extend_from_slice(forward);
         upstream.set_raw_path(&target)?;
         let client_ip = session
@@ -286,9 +363,13 @@ impl ProxyHttp for Gateway {
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
         let client_tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        let Some(replica) = &ctx.replica else {
+            return Error::e_explain(ErrorType::InternalError, "no replica chosen");
+        };
         headers::to_upstream(
             upstream,
             service,
+            &replica.replica().host_header,
             client_ip,
             client_tls,
             ctx.request_id.as_str(),
@@ -323,12 +404,19 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         body: &mut Option<Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Duration>> {
         // Usage is read from the bytes as they pass; the chunk goes on untouched and at once.
         if let (Some(exchange), Some(chunk)) = (&mut ctx.openai, body.as_ref()) {
             exchange.response_chunk(chunk);
+        }
+        // The replica is done with this request: before the client has the last byte, so its
+        // next request already sees the replica free.
+        if end_of_stream {
+            if let Some(chosen) = &mut ctx.replica {
+                chosen.release();
+            }
         }
         Ok(None)
     }

@@ -1,21 +1,21 @@
-//! The upstream peer of each service, built once at start-up and cloned per request.
+//! The upstream peer of each replica address, built when the address is learnt (start-up, DNS
+//! refresh) and cloned per request.
 
 use std::sync::Arc;
 
 use pingora::upstreams::peer::HttpPeer;
 use pingora::utils::tls::{parse_x509, WrappedX509};
 
-use crate::config::ServiceConfig;
+use crate::config::{ServiceConfig, Upstream};
 
-pub fn peer_for(service: &ServiceConfig) -> HttpPeer {
-    let up = &service.upstream;
+pub fn peer_for(service: &ServiceConfig, up: &Upstream, address: std::net::SocketAddr) -> HttpPeer {
     // SNI is the host name: with rustls an empty SNI would turn certificate checks off.
     let sni = if up.tls {
         up.host.clone()
     } else {
         String::new()
     };
-    let mut peer = HttpPeer::new(up.address, up.tls, sni);
+    let mut peer = HttpPeer::new(address, up.tls, sni);
     let o = &mut peer.options;
     let mut group_key = 0;
     o.connection_timeout = Some(service.connect_timeout);

@@ -3,9 +3,11 @@
 //! requests no well-behaved client library would send.
 #![allow(dead_code)]
 
+pub mod dns;
 pub mod idp;
 pub mod postgres;
 pub mod redis;
+pub mod replica;
 pub mod upstream;
 
 use std::io::{Read, Write};
@@ -43,6 +45,12 @@ impl<'a> Service<'a> {
             scope: name,
             extra: "",
         }
+    }
+
+    /// A service with a list of replicas: `upstream = ["url1", "url2", …]`.
+    pub fn replicas(name: &'a str, urls: &[String]) -> Service<'a> {
+        let list: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+        Service::new(name, format!("[{}]", list.join(", ")))
     }
 }
 
@@ -133,9 +141,15 @@ impl<'a> GatewayBuilder<'a> {
             self.cache_ttl
         );
         for s in &self.services {
+            // A list (from `Service::replicas`) is written as it is, a single URL quoted.
+            let upstream = if s.upstream.starts_with('[') {
+                s.upstream.clone()
+            } else {
+                format!("\"{}\"", s.upstream)
+            };
             toml.push_str(&format!(
-                "[services.{}]\nupstream = \"{}\"\nscope = \"{}\"\n{}\n",
-                s.name, s.upstream, s.scope, s.extra
+                "[services.{}]\nupstream = {}\nscope = \"{}\"\n{}\n",
+                s.name, upstream, s.scope, s.extra
             ));
         }
         toml.push_str(&self.extra.replace("{dir}", &d.to_string()));

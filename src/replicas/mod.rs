@@ -1,0 +1,289 @@
+//! A service's replicas at run time: which one a request goes to (`least_requests` or
+//! `round_robin`), which are in rotation (active health checks, passive ejection after connect
+//! failures), and their current addresses (re-resolved off the request path, `dns.rs`).
+//!
+//! The request path only reads atomics and one `ArcSwap` per replica: no lock, no await, no
+//! allocation beyond the peer clone every proxied request already paid for.
+
+mod dns;
+mod health;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use http::HeaderValue;
+use pingora::upstreams::peer::HttpPeer;
+use prometheus::IntGauge;
+
+use crate::config::{Balance, Balancing, ServiceConfig, Upstream};
+use crate::metrics::Metrics;
+
+pub use dns::{DnsRefresh, MakePeer, UpstreamResolver};
+pub use health::HealthChecks;
+
+/// A request tries each replica at most once; this bounds the bitmask of tried replicas.
+pub const MAX_REPLICAS: usize = 64;
+
+pub struct Replicas {
+    pub service: Box<str>,
+    balance: Balance,
+    members: Box<[Replica]>,
+    /// Where the next rotation (round robin, or the tie-break of least_requests) starts.
+    turn: AtomicUsize,
+    eject_after: u32,
+    eject_for: Duration,
+    /// The zero of every replica's `ejected_until_ms`.
+    epoch: Instant,
+}
+
+pub struct Replica {
+    /// The configured `host:port`: the metric and access-log label.
+    pub label: Box<str>,
+    /// Sent as `Host` to this replica.
+    pub host_header: HeaderValue,
+    /// One prepared peer per current address of the host.
+    peers: ArcSwap<Vec<HttpPeer>>,
+    next_address: AtomicUsize,
+    in_flight: AtomicUsize,
+    /// The last active health check passed (true without checks).
+    checked_healthy: AtomicBool,
+    connect_failures: AtomicU32,
+    /// Out of rotation until then (ms since `epoch`), after `eject_after` connect failures.
+    ejected_until_ms: AtomicU64,
+    healthy_gauge: IntGauge,
+}
+
+/// The replica a request goes to. Counts as in flight until dropped (the request ended, or
+/// moved to another replica after a connect failure).
+pub struct Chosen {
+    replicas: Arc<Replicas>,
+    pub index: usize,
+    released: bool,
+}
+
+impl Drop for Chosen {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl Chosen {
+    /// No longer in flight on the replica (the response ended); the choice is still known.
+    pub fn release(&mut self) {
+        if !self.released {
+            self.released = true;
+            self.replicas.members[self.index]
+                .in_flight
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn replica(&self) -> &Replica {
+        &self.replicas.members[self.index]
+    }
+}
+
+impl Replicas {
+    /// Peers are built by `make_peer` (the service's timeouts, TLS and trust) for each address.
+    pub fn new(
+        service: &ServiceConfig,
+        metrics: &Metrics,
+        make_peer: &dyn Fn(&Upstream, std::net::SocketAddr) -> HttpPeer,
+    ) -> Replicas {
+        let b: &Balancing = &service.balancing;
+        let members = service
+            .replicas
+            .iter()
+            .map(|up| {
+                let label: Box<str> = format!("{}:{}", bracketed(&up.host), up.port).into();
+                let gauge = metrics.upstream_healthy(&service.name, &label);
+                gauge.set(1);
+                Replica {
+                    host_header: up.host_header.clone(),
+                    peers: ArcSwap::from_pointee(
+                        up.addresses.iter().map(|a| make_peer(up, *a)).collect(),
+                    ),
+                    label,
+                    next_address: AtomicUsize::new(0),
+                    in_flight: AtomicUsize::new(0),
+                    checked_healthy: AtomicBool::new(true),
+                    connect_failures: AtomicU32::new(0),
+                    ejected_until_ms: AtomicU64::new(0),
+                    healthy_gauge: gauge,
+                }
+            })
+            .collect();
+        Replicas {
+            service: service.name.as_str().into(),
+            balance: b.balance,
+            members,
+            turn: AtomicUsize::new(0),
+            eject_after: b.eject_after,
+            eject_for: b.eject_for,
+            epoch: Instant::now(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    pub fn members(&self) -> &[Replica] {
+        &self.members
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn in_rotation(&self, r: &Replica, now_ms: u64) -> bool {
+        r.checked_healthy.load(Ordering::Relaxed)
+            && r.ejected_until_ms.load(Ordering::Relaxed) <= now_ms
+    }
+
+    /// The replica for a request that already tried those in `tried` (bit i = replica i), and
+    /// the peer to connect to. Replicas in rotation first; with none left, any untried one
+    /// (better a likely 502 than a certain one). `None` when every replica was tried.
+    pub fn choose(self: &Arc<Self>, tried: u64) -> Option<(Chosen, HttpPeer)> {
+        let n = self.members.len();
+        let untried = |i: usize| tried & (1 << i) == 0 && !self.members[i].peers.load().is_empty();
+        let index = if n == 1 {
+            // One replica: nothing to choose, and nothing to pay for choosing.
+            untried(0).then_some(0)?
+        } else {
+            let now = self.now_ms();
+            let start = self.turn.fetch_add(1, Ordering::Relaxed);
+            let pick = |usable: &dyn Fn(usize) -> bool| -> Option<usize> {
+                let mut best: Option<(usize, usize)> = None;
+                for k in 0..n {
+                    let i = (start + k) % n;
+                    if !usable(i) {
+                        continue;
+                    }
+                    match self.balance {
+                        Balance::RoundRobin => return Some(i),
+                        Balance::LeastRequests => {
+                            let load = self.members[i].in_flight.load(Ordering::Relaxed);
+                            if best.is_none_or(|(_, b)| load < b) {
+                                best = Some((i, load));
+                            }
+                        }
+                    }
+                }
+                best.map(|(i, _)| i)
+            };
+            pick(&|i| untried(i) && self.in_rotation(&self.members[i], now))
+                .or_else(|| pick(&untried))?
+        };
+        self.again(index)
+    }
+
+    /// Replica `index` again, for a retry that must stay with it.
+    pub fn again(self: &Arc<Self>, index: usize) -> Option<(Chosen, HttpPeer)> {
+        let replica = self.members.get(index)?;
+        let peers = replica.peers.load();
+        if peers.is_empty() {
+            return None;
+        }
+        let peer =
+            peers[replica.next_address.fetch_add(1, Ordering::Relaxed) % peers.len()].clone();
+        replica.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some((
+            Chosen {
+                replicas: self.clone(),
+                index,
+                released: false,
+            },
+            peer,
+        ))
+    }
+
+    /// A connect to replica `index` was refused or timed out.
+    pub fn connect_failed(&self, index: usize) {
+        let r = &self.members[index];
+        let failures = r.connect_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures == self.eject_after {
+            let until = self.now_ms() + self.eject_for.as_millis() as u64;
+            r.ejected_until_ms.store(until, Ordering::Relaxed);
+            r.healthy_gauge.set(0);
+            log::warn!(
+                "service {} replica {}: {failures} connect failures in a row, out of rotation for {} s",
+                self.service,
+                r.label,
+                self.eject_for.as_secs()
+            );
+        }
+    }
+
+    /// A connection to replica `index` was made (or reused).
+    pub fn connected(&self, index: usize) {
+        let r = &self.members[index];
+        if r.connect_failures.swap(0, Ordering::Relaxed) >= self.eject_after {
+            r.ejected_until_ms.store(0, Ordering::Relaxed);
+            self.refresh_gauge(r);
+            log::warn!(
+                "service {} replica {}: connects again, back in rotation",
+                self.service,
+                r.label
+            );
+        }
+    }
+
+    /// The result of an active health check of replica `index`.
+    fn checked(&self, index: usize, healthy: bool, why: &str) {
+        let r = &self.members[index];
+        let was = r.checked_healthy.swap(healthy, Ordering::Relaxed);
+        if healthy {
+            // A pass also ends a passive ejection: the replica answers again.
+            r.ejected_until_ms.store(0, Ordering::Relaxed);
+            r.connect_failures.store(0, Ordering::Relaxed);
+        }
+        if was != healthy {
+            if healthy {
+                log::warn!(
+                    "service {} replica {}: health check passes, back in rotation",
+                    self.service,
+                    r.label
+                );
+            } else {
+                log::warn!(
+                    "service {} replica {}: health check failed ({why}), out of rotation",
+                    self.service,
+                    r.label
+                );
+            }
+        }
+        self.refresh_gauge(r);
+    }
+
+    /// `portcullis_upstream_healthy` from the replica's state now (an ejection that ran out
+    /// shows as healthy again).
+    fn refresh_gauge(&self, r: &Replica) {
+        r.healthy_gauge
+            .set(self.in_rotation(r, self.now_ms()) as i64);
+    }
+
+    pub fn refresh_gauges(&self) {
+        for r in self.members.iter() {
+            self.refresh_gauge(r);
+        }
+    }
+}
+
+/// An IPv6 literal in brackets, as in a URL.
+fn bracketed(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,118 @@
+use std::path::Path;
+use std::sync::Arc;
+
+use pingora::upstreams::peer::Peer;
+
+use super::Replicas;
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+fn replicas(extra: &str, n: usize) -> Arc<Replicas> {
+    let list: Vec<String> = (1..=n)
+        .map(|i| format!("\"http://127.0.0.{i}:8000\""))
+        .collect();
+    let text = format!(
+        "[services.infer]\nupstream = [{}]\nscope = \"infer\"\n{extra}\n",
+        list.join(", ")
+    );
+    let config = Config::from_str(Path::new("t.toml"), &text, |_| None).unwrap();
+    let service = &config.services[0];
+    Arc::new(Replicas::new(service, &Metrics::new(), &|up, a| {
+        crate::proxy::upstream::peer_for(service, up, a)
+    }))
+}
+
+#[test]
+fn least_requests_avoids_busy_replicas_and_rotates_ties() {
+    let r = replicas("", 3);
+    let (busy_a, _) = r.choose(0).unwrap();
+    let (busy_b, _) = r.choose(0).unwrap();
+    assert_ne!(busy_a.index, busy_b.index);
+    // The third replica is the only idle one: every new request goes there while the others
+    // are busy, and releases it before the next.
+    let idle = 3 - busy_a.index - busy_b.index;
+    for _ in 0..5 {
+        let (c, peer) = r.choose(0).unwrap();
+        assert_eq!(c.index, idle);
+        assert_eq!(
+            peer.address().to_string(),
+            format!("127.0.0.{}:8000", idle + 1)
+        );
+    }
+    drop((busy_a, busy_b));
+    let mut seen = [0; 3];
+    for _ in 0..30 {
+        seen[r.choose(0).unwrap().0.index] += 1;
+    }
+    assert_eq!(seen, [10, 10, 10], "ties rotate");
+}
+
+#[test]
+fn round_robin_rotates_and_each_replica_is_tried_once() {
+    let r = replicas("balance = \"round_robin\"", 3);
+    let held: Vec<_> = (0..6).map(|_| r.choose(0).unwrap().0.index).collect();
+    assert_eq!(held, [0, 1, 2, 0, 1, 2]);
+    let (first, _) = r.choose(0).unwrap();
+    let tried = 1 << first.index;
+    let (second, _) = r.choose(tried).unwrap();
+    assert_ne!(second.index, first.index);
+    let (third, _) = r.choose(tried | 1 << second.index).unwrap();
+    assert!(r
+        .choose(tried | 1 << second.index | 1 << third.index)
+        .is_none());
+}
+
+#[test]
+fn connect_failures_eject_a_replica_until_it_connects_or_passes_a_check() {
+    let r = replicas("eject_after_connect_failures = 2\neject_seconds = 60", 2);
+    r.connect_failed(0);
+    assert!(
+        (0..4).any(|_| r.choose(0).unwrap().0.index == 0),
+        "one failure is not enough"
+    );
+    r.connect_failed(0);
+    assert!(
+        (0..10).all(|_| r.choose(0).unwrap().0.index == 1),
+        "ejected"
+    );
+    assert_eq!(r.members()[0].healthy_gauge.get(), 0);
+    // With every other replica tried, the ejected one is tried anyway.
+    assert_eq!(r.choose(1 << 1).unwrap().0.index, 0);
+    r.connected(0);
+    assert!(
+        (0..4).any(|_| r.choose(0).unwrap().0.index == 0),
+        "back after a connect"
+    );
+    assert_eq!(r.members()[0].healthy_gauge.get(), 1);
+
+    r.checked(1, false, "503");
+    assert!(
+        (0..10).all(|_| r.choose(0).unwrap().0.index == 0),
+        "failed its check"
+    );
+    r.checked(1, true, "");
+    assert!(
+        (0..4).any(|_| r.choose(0).unwrap().0.index == 1),
+        "passed again"
+    );
+}
+
+#[test]
+fn in_flight_counts_end_with_the_request() {
+    let r = replicas("", 2);
+    let (a, _) = r.choose(0).unwrap();
+    let i = a.index;
+    assert_eq!(
+        r.members()[i]
+            .in_flight
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    drop(a);
+    assert_eq!(
+        r.members()[i]
+            .in_flight
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
