@@ -42,7 +42,7 @@ test-deps: deps
 
 test: test-deps
 	$(CARGO) test --lib --bins --tests -- --test-threads=4
-	$(CARGO) test --bench auth
+	$(CARGO) test --bench auth --bench replicas
 	scripts/fuzz.sh smoke
 	scripts/sdk-tests.sh
 	scripts/admin-api-tests.sh
@@ -58,6 +58,7 @@ fuzz: deps
 # direct and nginx (scripts/loadbench.sh installs wrk, nginx and redis-server when missing).
 bench: test-deps
 	$(CARGO) bench --bench auth
+	$(CARGO) bench --bench replicas
 	scripts/loadbench.sh
 
 fmt:

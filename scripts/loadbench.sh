@@ -8,7 +8,7 @@
 #
 # Reports a markdown table (stdout and bench-results/latest.md; raw rounds in
 # bench-results/latest-raw.txt). Knobs (environment): ROUNDS (5), SECONDS_PER_RUN (5),
-# CONNS (wrk connections, 64), RATE (fixed-rate test, 2000 req/s), RATE_SECONDS (5),
+# PAIR_ROUNDS (5), CONNS (wrk connections, 64), RATE (fixed-rate test, 2000 req/s), RATE_SECONDS (5),
 # SSE_COUNT (2000), STREAMS (10000; capped by the open-file hard limit), STREAM_ROUNDS (3),
 # VISION_RATE (20 req/s of a 2 MB vision body), VISION_SECONDS (5).
 #
@@ -19,6 +19,12 @@
 # Fleet rate limits' cost: target "redis" is the same upstream behind a service with
 # rate_limit_per_minute (set so high nothing is refused) shared through a local redis-server
 # ([rate_limits] redis: one EVALSHA round trip per request), "key" the same without a limit.
+#
+# Replicas' cost: target "replicas" is a service over three replicas (the same fast upstream
+# listening on 127.0.0.1-3, least_requests), "key" the same with one. Failover: target
+# "failover" lists a dead replica (connects refused) before the live one, and one stream held
+# on the live replica keeps least_requests choosing the dead one first, so every request fails
+# over; its latency at RATE is compared with "key".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -29,6 +35,8 @@ CONNS=${CONNS:-64}
 RATE=${RATE:-2000}
 RATE_SECONDS=${RATE_SECONDS:-5}
 RATE_ROUNDS=${RATE_ROUNDS:-3}
+PAIR_ROUNDS=${PAIR_ROUNDS:-5}
+FAILOVER_RATE=${FAILOVER_RATE:-200}
 SSE_COUNT=${SSE_COUNT:-2000}
 SSE_ROUNDS=${SSE_ROUNDS:-3}
 STREAMS=${STREAMS:-10000}
@@ -107,7 +115,7 @@ wait_line() {
 }
 
 UP_PORT=$(free_port)
-taskset -c $CLIENT_CPU "$EX/fast_upstream" --port "$UP_PORT" --tick-ms 5000 --max-life-s 1800 >"$WORK/upstream.log" 2>&1 &
+taskset -c $CLIENT_CPU "$EX/fast_upstream" --port "$UP_PORT" --hosts 3 --tick-ms 5000 --max-life-s 1800 >"$WORK/upstream.log" 2>&1 &
 PIDS+=($!)
 UP_PID=$!
 wait_line "$WORK/upstream.log" listening >/dev/null
@@ -130,6 +138,8 @@ done
 
 # ---- the gateway ---------------------------------------------------------------------------
 GW_PORT=$(free_port)
+DEAD_PORT=$(free_port) # nothing listens there: connects are refused at once
+METRICS_PORT=$(free_port)
 write_gateway_config() { # $1: with an [access_log] off section (1) or without (0)
     {
         cat <<EOF
@@ -149,6 +159,8 @@ database = "sqlite://$WORK/keys.db"
 issuer = "$ISSUER"
 audience = "portcullis"
 algorithms = ["RS256"]
+[metrics]
+listen = "127.0.0.1:$METRICS_PORT"
 [services.infer]
 upstream = "http://127.0.0.1:$UP_PORT"
 scope = "infer"
@@ -165,6 +177,14 @@ scope = "infer"
 rate_limit_per_minute = 100000000
 [rate_limits]
 redis = "redis://127.0.0.1:$REDIS_PORT"
+[services.replicas]
+upstream = ["http://127.0.0.1:$UP_PORT", "http://127.0.0.2:$UP_PORT", "http://127.0.0.3:$UP_PORT"]
+scope = "infer"
+[services.failover]
+upstream = ["http://127.0.0.1:$DEAD_PORT", "http://127.0.0.1:$UP_PORT"]
+scope = "infer"
+# Never ejected: every request pays the failed connect.
+eject_after_connect_failures = 4000000000
 EOF
     } >"$WORK/portcullis.toml"
 }
@@ -267,6 +287,8 @@ url() { # target → base URL of the chat endpoint
         key | jwt) echo "http://127.0.0.1:$GW_PORT/v1/infer/v1" ;;
         policy) echo "http://127.0.0.1:$GW_PORT/v1/policy/v1" ;;
         redis) echo "http://127.0.0.1:$GW_PORT/v1/limited/v1" ;;
+        replicas) echo "http://127.0.0.1:$GW_PORT/v1/replicas/v1" ;;
+        failover) echo "http://127.0.0.1:$GW_PORT/v1/failover/v1" ;;
     esac
 }
 port() { case $1 in direct) echo "$UP_PORT" ;; nginx) echo "$NGX_PORT" ;; *) echo "$GW_PORT" ;; esac; }
@@ -282,7 +304,7 @@ server_pid() {
 }
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
-TARGETS="direct nginx key jwt policy redis"
+TARGETS="direct nginx key jwt policy redis replicas"
 # Every response must be a 200: a proxy answering 401s fast would win otherwise.
 for t in $TARGETS; do
     code=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $(token $t)" \
@@ -350,12 +372,63 @@ run_rate() {
     record "${prefix}lag_$t ${f[lag_p99]}"
 }
 
+# Paired rounds: a feature's cost as a ratio that the machine's drift cannot skew. Two wrk
+# loads run at once against the one gateway (one worker thread), one on "key", one on the
+# feature's service; both share the same core at the same moment, so the ratio of their
+# request rates is the inverse ratio of their costs per request.
+run_pair() { # base target seconds → "rps_base rps_target"
+    local a b
+    a=$(mktemp) b=$(mktemp)
+    taskset -c $CLIENT_CPU wrk -t1 -c32 -d"${3}s" -s "$WORK/post.lua" \
+        -H "Authorization: Bearer $(token "$1")" "$(url "$1")/chat/completions" >"$a" &
+    local pa=$!
+    taskset -c $CLIENT_CPU wrk -t1 -c32 -d"${3}s" -s "$WORK/post.lua" \
+        -H "Authorization: Bearer $(token "$2")" "$(url "$2")/chat/completions" >"$b"
+    wait "$pa"
+    for f in "$a" "$b"; do
+        ! grep -q Non-2xx "$f" || die "paired run: non-2xx responses: $(grep Non-2xx "$f")"
+    done
+    echo "$(awk '/^Requests\/sec/ { print $2 }' "$a") $(awk '/^Requests\/sec/ { print $2 }' "$b")"
+    rm -f "$a" "$b"
+}
+PAIRED="replicas redis policy"
+log "paired: $PAIR_ROUNDS rounds x ${SECONDS_PER_RUN}s of key and each of $PAIRED at once"
+for r in $(seq 1 "$PAIR_ROUNDS"); do
+    for t in $PAIRED; do
+        read -r base feat <<<"$(run_pair key "$t" "$SECONDS_PER_RUN")"
+        record "pair_$t $(awk -v f="$feat" -v b="$base" 'BEGIN { printf "%.3f", f / b }')"
+    done
+    log "paired round $r: $(for t in $PAIRED; do printf '%s=%s ' "$t" "$(values "pair_$t" | tail -n 1)"; done)"
+done
+
 log "latency at $RATE req/s: $RATE_ROUNDS rounds x ${RATE_SECONDS}s per target (loadgen rate, 16 connections)"
 for r in $(seq 1 "$RATE_ROUNDS"); do
     for t in $TARGETS; do
         run_rate "$t" p "$RATE" 16 "$RATE_SECONDS" --body "$CHAT_BODY"
     done
 done
+
+# Failover: one stream held on the live replica, so least_requests always tries the dead one
+# first; portcullis_upstream_connect_failures_total counts the failovers. At a low rate, so
+# the figure is the failover's own latency, not the queueing of a loaded core.
+connect_failures() {
+    curl -s "http://127.0.0.1:$METRICS_PORT/metrics" |
+        awk '/^portcullis_upstream_connect_failures_total\{.*service="failover"/ { n += $2 } END { print n + 0 }'
+}
+curl -sN -H "authorization: Bearer $KEY" -H 'content-type: application/json' -d "$CHAT_BODY" \
+    "$(url failover)/sse" >/dev/null &
+HELD=$!
+PIDS+=("$HELD")
+sleep 0.5
+FAILURES_BEFORE=$(connect_failures)
+log "failover latency at $FAILOVER_RATE req/s: $RATE_ROUNDS rounds x ${RATE_SECONDS}s, one replica vs a dead one first"
+for r in $(seq 1 "$RATE_ROUNDS"); do
+    for t in key failover; do
+        run_rate "$t" f "$FAILOVER_RATE" 4 "$RATE_SECONDS" --body "$CHAT_BODY"
+    done
+done
+FAILOVERS=$(($(connect_failures) - FAILURES_BEFORE))
+kill "$HELD" 2>/dev/null || true
 
 # Target "redis" must really have been decided by Redis, never by the per-process fallback.
 EVALSHA_CALLS=$(redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[:=,]' '$1 == "cmdstat_evalsha" { print $3 }')
@@ -427,6 +500,10 @@ int() { awk -v v="$1" 'BEGIN { printf "%.0f", v }'; }
 ok() { if awk "BEGIN { exit !($1) }"; then echo met; else echo "**missed**"; fi; }
 
 D=$(m rps_direct) N=$(m rps_nginx) K=$(m rps_key) J=$(m rps_jwt) P=$(m rps_policy) R=$(m rps_redis)
+RR=$(m rps_replicas)
+PR=$(m pair_replicas) PD=$(m pair_redis) PP=$(m pair_policy)
+F0=$(m f50_key) F1=$(m f50_failover)
+FADD=$(awk -v a="$F1" -v b="$F0" 'BEGIN { printf "%.0f", a - b }')
 V0=$(m vision50_key) V1=$(m vision50_policy)
 VADD=$(awk -v a="$V1" -v b="$V0" 'BEGIN { printf "%.0f", a - b }')
 SH=$(m ssehead_key)
@@ -448,6 +525,11 @@ mkdir -p "$OUT"
     echo "| max req/s, chat POST, JWT (RS256) | | | $(int "$J") | $(ratio "$J" "$D") | $(ratio "$J" "$N") | ≥ 0.9× API key ($(ratio "$J" "$K")×) | $(ok "$J >= 0.9 * $K") |"
     echo "| max req/s, chat POST, api = \"openai\" + model policy | | | $(int "$P") | $(ratio "$P" "$D") | $(ratio "$P" "$N") | ≥ 0.9× without ($(ratio "$P" "$K")×) | $(ok "$P >= 0.9 * $K") |"
     echo "| max req/s, chat POST, rate limit shared through Redis | | | $(int "$R") | $(ratio "$R" "$D") | $(ratio "$R" "$N") | ≥ 0.8× without ($(ratio "$R" "$K")×) | $(ok "$R >= 0.8 * $K") |"
+    echo "| max req/s, chat POST, three replicas (least_requests) | | | $(int "$RR") | $(ratio "$RR" "$D") | $(ratio "$RR" "$N") | | |"
+    echo "| paired req/s ÷ one replica, three replicas | | | ${PR}× | | | within 5% | $(ok "$PR >= 0.95") |"
+    echo "| paired req/s ÷ without, Redis rate limit | | | ${PD}× | | | ≥ 0.8× | $(ok "$PD >= 0.8") |"
+    echo "| paired req/s ÷ without, model policy | | | ${PP}× | | | ≥ 0.9× | $(ok "$PP >= 0.9") |"
+    echo "| p50 at $FAILOVER_RATE req/s, dead replica first, one failover each (ms) | | | $(ms "$F1") | | | added ≤ 1 ms ($(ms "$FADD") over $(ms "$F0")) | $(ok "$FADD <= 1000") |"
     echo "| proxy CPU per request, API key (µs) | $(m cpu_direct) | $(m cpu_nginx) | $(m cpu_key) | $(ratio "$(m cpu_key)" "$(m cpu_direct)") | $(ratio "$(m cpu_key)" "$(m cpu_nginx)") | | |"
     echo "| proxy CPU per request, JWT (µs) | | | $(m cpu_jwt) | $(ratio "$(m cpu_jwt)" "$(m cpu_direct)") | $(ratio "$(m cpu_jwt)" "$(m cpu_nginx)") | | |"
     echo "| p50 at $RATE req/s, API key (ms) | $(ms "$(m p50_direct)") | $(ms "$(m p50_nginx)") | $(ms "$(m p50_key)") | $(ratio "$(m p50_key)" "$(m p50_direct)") | $(ratio "$(m p50_key)" "$(m p50_nginx)") | | |"
@@ -482,6 +564,12 @@ mkdir -p "$OUT"
     echo "as \`infer\`. Redis rate limit: service \`limited\` (rate_limit_per_minute = 100000000, nothing"
     echo "refused) with [rate_limits] redis, a redis-server $(redis-server --version | awk '{ print $3 }' | tr -d v=) on the client core; it answered"
     echo "${EVALSHA_CALLS:-0} EVALSHA calls, and the gateway fell back to per-process limits ${REDIS_FALLBACKS:-0} time(s)."
+    echo "Paired: two \`wrk -t1 -c32\` at once for ${SECONDS_PER_RUN} s, one on \`infer\` and one on the feature's service,"
+    echo "against the same gateway; the ratio of their req/s, median of $PAIR_ROUNDS rounds (sequential rounds drift ±15% here)."
+    echo "Replicas: service \`replicas\` lists the fast upstream on 127.0.0.1, .2 and .3 (one process)."
+    echo "Failover: service \`failover\` lists a port where nothing listens before the live upstream;"
+    echo "with one stream held on the live one, least_requests tries the dead one first: $FAILOVERS failed"
+    echo "connects counted for $(awk -v r="$FAILOVER_RATE" -v s="$RATE_SECONDS" -v n="$RATE_ROUNDS" 'BEGIN { printf "%.0f", r * (s + 1) * n }') requests (4 connections, $FAILOVER_RATE req/s)."
     echo "Vision: \`loadgen rate\` at $VISION_RATE req/s on 4 connections, a $VISION_BYTES-byte chat body."
     echo "Gateway: \`threads = 1\`, access log $ACCESS_LOG, RUST_LOG=warn; nginx 1.22:"
     echo "\`worker_processes 1\`, upstream keepalive 128, access_log off, proxy_buffering off."

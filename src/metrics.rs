@@ -36,6 +36,7 @@ pub struct Metrics {
     revocation_push: IntCounterVec,
     key_events: IntCounterVec,
     upstream_healthy: IntGaugeVec,
+    upstream_connect_failures: IntCounterVec,
 }
 
 impl Metrics {
@@ -153,8 +154,17 @@ impl Metrics {
             &["service", "replica"],
         )
         .expect("valid metric");
+        let upstream_connect_failures = IntCounterVec::new(
+            Opts::new(
+                "portcullis_upstream_connect_failures_total",
+                "Connects to a replica refused or timed out, by service and replica (the configured host:port); a request fails over to another replica after one.",
+            ),
+            &["service", "replica"],
+        )
+        .expect("valid metric");
         for m in [
             Box::new(revocation_push.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(upstream_connect_failures.clone()),
             Box::new(upstream_healthy.clone()),
             Box::new(key_events.clone()),
             Box::new(tokens.clone()),
@@ -187,6 +197,7 @@ impl Metrics {
             revocation_push,
             key_events,
             upstream_healthy,
+            upstream_connect_failures,
         }
     }
 
@@ -266,6 +277,12 @@ impl Metrics {
     /// The gauge of one replica, set by its health.
     pub fn upstream_healthy(&self, service: &str, replica: &str) -> IntGauge {
         self.upstream_healthy.with_label_values(&[service, replica])
+    }
+
+    /// The connect failures of one replica (present at 0 from start-up).
+    pub fn upstream_connect_failures(&self, service: &str, replica: &str) -> IntCounter {
+        self.upstream_connect_failures
+            .with_label_values(&[service, replica])
     }
 
     /// `created` or `revoked`, counted by the key API.

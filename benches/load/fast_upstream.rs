@@ -9,7 +9,9 @@
 //! Request bodies may have a Content-Length or be chunked (the gateway sends bodies it held
 //! back for the model policy chunked).
 //!
-//! Usage: `fast_upstream [--port P] [--tick-ms MS] [--max-stream-s S] [--max-life-s S]`.
+//! Usage: `fast_upstream [--port P] [--hosts N] [--tick-ms MS] [--max-stream-s S] [--max-life-s S]`.
+//! `--hosts N` listens on 127.0.0.1 … 127.0.0.N, all on the same port: N replicas served by
+//! one process, so a many-replica service costs the upstream side nothing more.
 //! Binds 127.0.0.1 only; prints `listening 127.0.0.1:<port>` once ready.
 
 use std::time::Duration;
@@ -24,11 +26,13 @@ const MAX_HEAD: usize = 16 * 1024;
 /// Vision requests carry images of several MB.
 const MAX_BODY: usize = 40 * 1024 * 1024;
 
+#[derive(Clone, Copy)]
 struct Opts {
     port: u16,
     tick: Duration,
     max_stream: Duration,
     max_life: Duration,
+    hosts: u8,
 }
 
 fn opts() -> Opts {
@@ -37,6 +41,7 @@ fn opts() -> Opts {
         tick: Duration::from_millis(5000),
         max_stream: Duration::from_secs(900),
         max_life: Duration::from_secs(3600),
+        hosts: 1,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -50,6 +55,7 @@ fn opts() -> Opts {
             "--tick-ms" => o.tick = Duration::from_millis(n),
             "--max-stream-s" => o.max_stream = Duration::from_secs(n),
             "--max-life-s" => o.max_life = Duration::from_secs(n),
+            "--hosts" => o.hosts = n.clamp(1, 254) as u8,
             _ => panic!("unknown flag {flag}"),
         }
     }
@@ -67,22 +73,35 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let socket = TcpSocket::new_v4().unwrap();
-        socket.set_reuseaddr(true).unwrap();
-        socket
-            .bind(([127, 0, 0, 1], o.port).into())
-            .expect("bind 127.0.0.1");
-        // A deep backlog: the streams test opens thousands of connections in bursts.
-        let listener = socket.listen(8192).unwrap();
-        println!("listening {}", listener.local_addr().unwrap());
+        let listen = |host: u8, port: u16| {
+            let socket = TcpSocket::new_v4().unwrap();
+            socket.set_reuseaddr(true).unwrap();
+            socket
+                .bind(([127, 0, 0, host], port).into())
+                .unwrap_or_else(|e| panic!("bind 127.0.0.{host}:{port}: {e}"));
+            // A deep backlog: the streams test opens thousands of connections in bursts.
+            socket.listen(8192).unwrap()
+        };
+        let first = listen(1, o.port);
+        let port = first.local_addr().unwrap().port();
+        let mut listeners = vec![first];
+        for host in 2..=o.hosts {
+            listeners.push(listen(host, port));
+        }
+        println!("listening {}", listeners[0].local_addr().unwrap());
         let serve = async {
-            loop {
-                let Ok((sock, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = sock.set_nodelay(true);
-                tokio::spawn(connection(sock, o.tick, o.max_stream));
+            for listener in listeners {
+                tokio::spawn(async move {
+                    loop {
+                        let Ok((sock, _)) = listener.accept().await else {
+                            continue;
+                        };
+                        let _ = sock.set_nodelay(true);
+                        tokio::spawn(connection(sock, o.tick, o.max_stream));
+                    }
+                });
             }
+            std::future::pending::<()>().await
         };
         // Bounded: the script kills it, but a forgotten one still goes away.
         let _ = tokio::time::timeout(o.max_life, serve).await;

@@ -18,6 +18,7 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
 pub use context::{RequestCtx, RequestId};
+pub use upstream::peer_for;
 
 use crate::access_log::{self, AccessLog};
 use crate::auth::Authenticator;

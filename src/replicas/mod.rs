@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use http::HeaderValue;
 use pingora::upstreams::peer::HttpPeer;
-use prometheus::IntGauge;
+use prometheus::{IntCounter, IntGauge};
 
 use crate::config::{Balance, Balancing, ServiceConfig, Upstream};
 use crate::metrics::Metrics;
@@ -53,6 +53,7 @@ pub struct Replica {
     /// Out of rotation until then (ms since `epoch`), after `eject_after` connect failures.
     ejected_until_ms: AtomicU64,
     healthy_gauge: IntGauge,
+    connect_failures_total: IntCounter,
 }
 
 /// The replica a request goes to. Counts as in flight until dropped (the request ended, or
@@ -99,6 +100,7 @@ impl Replicas {
             .map(|up| {
                 let label: Box<str> = format!("{}:{}", bracketed(&up.host), up.port).into();
                 let gauge = metrics.upstream_healthy(&service.name, &label);
+                let failures = metrics.upstream_connect_failures(&service.name, &label);
                 gauge.set(1);
                 Replica {
                     host_header: up.host_header.clone(),
@@ -112,6 +114,7 @@ impl Replicas {
                     connect_failures: AtomicU32::new(0),
                     ejected_until_ms: AtomicU64::new(0),
                     healthy_gauge: gauge,
+                    connect_failures_total: failures,
                 }
             })
             .collect();
@@ -207,6 +210,7 @@ impl Replicas {
     /// A connect to replica `index` was refused or timed out.
     pub fn connect_failed(&self, index: usize) {
         let r = &self.members[index];
+        r.connect_failures_total.inc();
         let failures = r.connect_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures == self.eject_after {
             let until = self.now_ms() + self.eject_for.as_millis() as u64;
