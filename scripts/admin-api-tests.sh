@@ -19,42 +19,16 @@ VENV=$DIR/.venv
 BIN=${BIN:-target/debug/portcullis}
 RUN_TIMEOUT=${ADMIN_API_TESTS_TIMEOUT:-900}   # the driver stops itself at 600 s; this is the backstop
 
-say() { echo "admin-api-tests: $*"; }
-die() { echo "admin-api-tests: error: $*" >&2; exit 1; }
-need() { command -v "$1" >/dev/null 2>&1 || die "$1 not found: $2"; }
-hash_of() { sha256sum "$1" | cut -d' ' -f1; }
+NAME=admin-api-tests
+. scripts/lib.sh
 
 doc_only=0
 [ "${1:-}" = "--doc-only" ] && doc_only=1
 
 need python3 "the driver, openapi-spec-validator and schemathesis need Python 3"
 
-# ---- Python: a virtualenv of its own with the pinned packages (as scripts/sdk-tests.sh does) ----
-if ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
-    say "creating $VENV"
-    rm -rf "$VENV"
-    if ! python3 -m venv "$VENV" >/dev/null 2>&1; then
-        # Debian's python3 without python3-venv has no ensurepip: make the venv bare and
-        # install into it with the system pip.
-        rm -rf "$VENV"
-        python3 -m venv --without-pip "$VENV" ||
-            die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
-    fi
-fi
-pip_install() {
-    if "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
-    else
-        python3 -m pip --python "$VENV/bin/python" install --quiet --disable-pip-version-check "$@"
-    fi
-}
-stamp="$VENV/.admin-api-requirements.sha256"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$(hash_of "$DIR/requirements.txt")" ] ||
-    ! "$VENV/bin/python" -c 'import schemathesis, openapi_spec_validator, requests' >/dev/null 2>&1; then
-    say "installing $DIR/requirements.txt into $VENV"
-    pip_install -r "$DIR/requirements.txt" || die "pip install failed"
-    hash_of "$DIR/requirements.txt" >"$stamp"
-fi
+# ---- Python: a virtualenv of its own, so its packages cannot clash with the SDK suite's ----
+python_venv "$VENV" "$DIR/requirements.txt" "schemathesis, openapi_spec_validator, requests"
 
 if [ "$doc_only" = 1 ]; then
     exec "$VENV/bin/python" "$DIR/run.py" --doc-only
@@ -63,18 +37,8 @@ fi
 # ---- Node: the identity provider's oidc-provider, from tests/sdk's committed lockfile ----
 need node "the identity provider (tests/sdk/idp.mjs) needs Node.js"
 need npm "the identity provider's packages are installed with npm"
-stamp="$SDK/node_modules/.sdk-lock.sha256"   # the same stamp scripts/sdk-tests.sh keeps
-if [ "$(cat "$stamp" 2>/dev/null)" != "$(hash_of "$SDK/package-lock.json")" ]; then
-    say "npm ci in $SDK"
-    (cd "$SDK" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci failed"
-    hash_of "$SDK/package-lock.json" >"$stamp"
-fi
-
-# ---- the gateway binary (make test has just built it with cargo test) ----
-if [ ! -x "$BIN" ]; then
-    say "$BIN missing: cargo build"
-    cargo build
-fi
+npm_ci "$SDK"
+gateway_binary "$BIN"
 
 say "running $DIR/run.py against $BIN"
 timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$DIR/run.py" --bin "$BIN"

@@ -16,8 +16,8 @@ AUDIENCE=urn:portcullis:demo
 ISSUER=http://127.0.0.1:$IDP_PORT
 SDK=tests/sdk
 
-say() { echo "demo: $*"; }
-die() { echo "demo: error: $*" >&2; exit 1; }
+NAME=demo
+. scripts/lib.sh
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
@@ -30,13 +30,7 @@ pids+=($!)
 CONF=$BASE_CONF
 CONSOLE=0
 if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
-    stamp=$SDK/node_modules/.sdk-lock.sha256
-    lock_hash=$(sha256sum "$SDK/package-lock.json" | cut -d' ' -f1)
-    if [ ! -d "$SDK/node_modules/oidc-provider" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$lock_hash" ]; then
-        say "npm ci in $SDK (the local OpenID provider, once)"
-        (cd "$SDK" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in $SDK failed"
-        echo "$lock_hash" >"$stamp"
-    fi
+    npm_ci "$SDK" # the local OpenID provider, once
     mkdir -p data
     IDP_LOG=data/demo-idp.log
     node "$SDK/idp.mjs" --port "$IDP_PORT" --audience "$AUDIENCE" \

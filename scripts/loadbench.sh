@@ -372,34 +372,49 @@ run_rate() {
     record "${prefix}lag_$t ${f[lag_p99]}"
 }
 
-# Paired rounds: a feature's cost as a ratio that the machine's drift cannot skew. Two wrk
-# loads run at once against the one gateway (one worker thread), one on "key", one on the
-# feature's service; both share the same core at the same moment, so the ratio of their
-# request rates is the inverse ratio of their costs per request.
-run_pair() { # base target seconds → "rps_base rps_target"
-    local a b
+# Paired rounds: a feature's cost as a ratio that the machine's drift cannot skew. A twin
+# gateway (same config, other ports) runs on the same core; one wrk loads "key" on the first,
+# another the feature's service on the twin, at the same moment. Each process's CPU time over
+# its requests is its cost per request; their ratio is the feature's req/s per core relative
+# to "key". (Two loads on one process would not do: a closed-loop client gets its share of
+# turns whatever a request costs.)
+TWIN_PORT=$(free_port)
+sed -e "s/127.0.0.1:$GW_PORT/127.0.0.1:$TWIN_PORT/" -e "s/127.0.0.1:$METRICS_PORT/127.0.0.1:$(free_port)/" \
+    -e "s#$WORK/upgrade.sock#$WORK/twin-upgrade.sock#" -e "s#$WORK/portcullis.pid#$WORK/twin.pid#" \
+    "$WORK/portcullis.toml" >"$WORK/twin.toml"
+RUST_LOG=warn taskset -c $PROXY_CPU "$BIN" serve --config "$WORK/twin.toml" >/dev/null 2>>"$WORK/twin.log" &
+TWIN_PID=$!
+PIDS+=("$TWIN_PID")
+wait_http "http://127.0.0.1:$TWIN_PORT/healthz"
+run_pair() { # base target seconds → the target's req/s per core ÷ the base's
+    local a b ca0 cb0 ca1 cb1 na nb
     a=$(mktemp) b=$(mktemp)
+    ca0=$(cpu_ticks "$GW_PID") cb0=$(cpu_ticks "$TWIN_PID")
     taskset -c $CLIENT_CPU wrk -t1 -c32 -d"${3}s" -s "$WORK/post.lua" \
         -H "Authorization: Bearer $(token "$1")" "$(url "$1")/chat/completions" >"$a" &
     local pa=$!
     taskset -c $CLIENT_CPU wrk -t1 -c32 -d"${3}s" -s "$WORK/post.lua" \
-        -H "Authorization: Bearer $(token "$2")" "$(url "$2")/chat/completions" >"$b"
+        -H "Authorization: Bearer $(token "$2")" "$(url "$2" | sed "s/:$GW_PORT\//:$TWIN_PORT\//")/chat/completions" >"$b"
     wait "$pa"
+    ca1=$(cpu_ticks "$GW_PID") cb1=$(cpu_ticks "$TWIN_PID")
     for f in "$a" "$b"; do
         ! grep -q Non-2xx "$f" || die "paired run: non-2xx responses: $(grep Non-2xx "$f")"
     done
-    echo "$(awk '/^Requests\/sec/ { print $2 }' "$a") $(awk '/^Requests\/sec/ { print $2 }' "$b")"
+    na=$(awk '/requests in/ { print $1 }' "$a") nb=$(awk '/requests in/ { print $1 }' "$b")
     rm -f "$a" "$b"
+    # (cpu_a / n_a) / (cpu_b / n_b): above 1, the target costs less per request than the base.
+    awk -v ca=$((ca1 - ca0)) -v cb=$((cb1 - cb0)) -v na="$na" -v nb="$nb" \
+        'BEGIN { if (ca > 0 && cb > 0 && na > 0 && nb > 0) printf "%.3f", (ca / na) / (cb / nb); else print "nan" }'
 }
 PAIRED="replicas redis policy"
 log "paired: $PAIR_ROUNDS rounds x ${SECONDS_PER_RUN}s of key and each of $PAIRED at once"
 for r in $(seq 1 "$PAIR_ROUNDS"); do
     for t in $PAIRED; do
-        read -r base feat <<<"$(run_pair key "$t" "$SECONDS_PER_RUN")"
-        record "pair_$t $(awk -v f="$feat" -v b="$base" 'BEGIN { printf "%.3f", f / b }')"
+        record "pair_$t $(run_pair key "$t" "$SECONDS_PER_RUN")"
     done
     log "paired round $r: $(for t in $PAIRED; do printf '%s=%s ' "$t" "$(values "pair_$t" | tail -n 1)"; done)"
 done
+kill -INT "$TWIN_PID" 2>/dev/null || true
 
 log "latency at $RATE req/s: $RATE_ROUNDS rounds x ${RATE_SECONDS}s per target (loadgen rate, 16 connections)"
 for r in $(seq 1 "$RATE_ROUNDS"); do
@@ -564,8 +579,9 @@ mkdir -p "$OUT"
     echo "as \`infer\`. Redis rate limit: service \`limited\` (rate_limit_per_minute = 100000000, nothing"
     echo "refused) with [rate_limits] redis, a redis-server $(redis-server --version | awk '{ print $3 }' | tr -d v=) on the client core; it answered"
     echo "${EVALSHA_CALLS:-0} EVALSHA calls, and the gateway fell back to per-process limits ${REDIS_FALLBACKS:-0} time(s)."
-    echo "Paired: two \`wrk -t1 -c32\` at once for ${SECONDS_PER_RUN} s, one on \`infer\` and one on the feature's service,"
-    echo "against the same gateway; the ratio of their req/s, median of $PAIR_ROUNDS rounds (sequential rounds drift ±15% here)."
+    echo "Paired: the gateway and a twin (same config) on the same core, two \`wrk -t1 -c32\` at once for"
+    echo "${SECONDS_PER_RUN} s, one on \`infer\` of the first, one on the feature's service of the twin; each process's"
+    echo "CPU time per request, their ratio as req/s per core, median of $PAIR_ROUNDS rounds (sequential rounds drift ±15% here)."
     echo "Replicas: service \`replicas\` lists the fast upstream on 127.0.0.1, .2 and .3 (one process)."
     echo "Failover: service \`failover\` lists a port where nothing listens before the live upstream;"
     echo "with one stream held on the live one, least_requests tries the dead one first: $FAILOVERS failed"

@@ -70,6 +70,7 @@ impl<'a> Entry<'a> {
         ctx: &'a RequestCtx,
         service: &'a str,
         status: u16,
+        replica: Option<&'a str>,
     ) -> Entry<'a> {
         let req = session.req_header();
         let elapsed = ctx.start.elapsed();
@@ -95,7 +96,7 @@ impl<'a> Entry<'a> {
             model: ctx.openai.as_ref().and_then(|x| x.model.as_deref()),
             prompt_tokens: usage.and_then(|u| u.prompt_tokens),
             completion_tokens: usage.and_then(|u| u.completion_tokens),
-            replica: ctx.replica.as_ref().map(|c| &*c.replica().label),
+            replica,
         }
     }
 

@@ -367,10 +367,11 @@ impl ProxyHttp for Gateway {
         let Some(replica) = &ctx.replica else {
             return Error::e_explain(ErrorType::InternalError, "no replica chosen");
         };
+        let route = ctx.route.unwrap_or_default();
         headers::to_upstream(
             upstream,
             service,
-            &replica.replica().host_header,
+            self.replicas[route].host_header(replica.index),
             client_ip,
             client_tls,
             ctx.request_id.as_str(),
@@ -517,7 +518,10 @@ impl ProxyHttp for Gateway {
             ctx.auth_failure,
         );
         if self.access_log.enabled() {
-            let line = access_log::Entry::new(session, ctx, service, status).to_line();
+            let replica = (ctx.route)
+                .zip(ctx.replica.as_ref())
+                .map(|(route, chosen)| self.replicas[route].label(chosen.index));
+            let line = access_log::Entry::new(session, ctx, service, status, replica).to_line();
             if !self.access_log.send(line) {
                 self.metrics.access_log_dropped();
             }

@@ -56,12 +56,12 @@ pub struct Replica {
     connect_failures_total: IntCounter,
 }
 
-/// The replica a request goes to. Counts as in flight until dropped (the request ended, or
-/// moved to another replica after a connect failure).
+/// The replica a request goes to. Counts as in flight until released or dropped (the response
+/// ended, or the request moved to another replica after a connect failure). A service with
+/// one replica counts nothing: there is nothing to balance.
 pub struct Chosen {
-    replicas: Arc<Replicas>,
     pub index: usize,
-    released: bool,
+    counted: Option<Arc<Replicas>>,
 }
 
 impl Drop for Chosen {
@@ -71,18 +71,13 @@ impl Drop for Chosen {
 }
 
 impl Chosen {
-    /// No longer in flight on the replica (the response ended); the choice is still known.
+    /// No longer in flight on the replica; which replica it was is still known.
     pub fn release(&mut self) {
-        if !self.released {
-            self.released = true;
-            self.replicas.members[self.index]
+        if let Some(replicas) = self.counted.take() {
+            replicas.members[self.index]
                 .in_flight
                 .fetch_sub(1, Ordering::Relaxed);
         }
-    }
-
-    pub fn replica(&self) -> &Replica {
-        &self.replicas.members[self.index]
     }
 }
 
@@ -155,11 +150,14 @@ impl Replicas {
     /// (better a likely 502 than a certain one). `None` when every replica was tried.
     pub fn choose(self: &Arc<Self>, tried: u64) -> Option<(Chosen, HttpPeer)> {
         let n = self.members.len();
-        let untried = |i: usize| tried & (1 << i) == 0 && !self.members[i].peers.load().is_empty();
-        let index = if n == 1 {
+        // Every replica has an address: start-up resolves each or fails, and a refresh only
+        // ever swaps in a non-empty set.
+        let untried = |i: usize| tried & (1 << i) == 0;
+        if n == 1 {
             // One replica: nothing to choose, and nothing to pay for choosing.
-            untried(0).then_some(0)?
-        } else {
+            return if tried & 1 == 0 { self.again(0) } else { None };
+        }
+        let index = {
             let now = self.now_ms();
             let start = self.turn.fetch_add(1, Ordering::Relaxed);
             let pick = |usable: &dyn Fn(usize) -> bool| -> Option<usize> {
@@ -191,20 +189,26 @@ impl Replicas {
     pub fn again(self: &Arc<Self>, index: usize) -> Option<(Chosen, HttpPeer)> {
         let replica = self.members.get(index)?;
         let peers = replica.peers.load();
-        if peers.is_empty() {
-            return None;
-        }
-        let peer =
-            peers[replica.next_address.fetch_add(1, Ordering::Relaxed) % peers.len()].clone();
-        replica.in_flight.fetch_add(1, Ordering::Relaxed);
-        Some((
-            Chosen {
-                replicas: self.clone(),
-                index,
-                released: false,
-            },
-            peer,
-        ))
+        let peer = match peers.len() {
+            0 => return None,
+            1 => peers[0].clone(),
+            n => peers[replica.next_address.fetch_add(1, Ordering::Relaxed) % n].clone(),
+        };
+        let counted = (self.members.len() > 1).then(|| {
+            replica.in_flight.fetch_add(1, Ordering::Relaxed);
+            self.clone()
+        });
+        Some((Chosen { index, counted }, peer))
+    }
+
+    /// The configured `host:port` of replica `index`.
+    pub fn label(&self, index: usize) -> &str {
+        &self.members[index].label
+    }
+
+    /// The `Host` header replica `index` is sent.
+    pub fn host_header(&self, index: usize) -> &HeaderValue {
+        &self.members[index].host_header
     }
 
     /// A connect to replica `index` was refused or timed out.

@@ -98,6 +98,15 @@ fn connect_failures_eject_a_replica_until_it_connects_or_passes_a_check() {
 }
 
 #[test]
+fn one_replica_counts_nothing_and_is_tried_once() {
+    let r = replicas("", 1);
+    let (a, _) = r.choose(0).unwrap();
+    assert_eq!(a.index, 0);
+    assert!(a.counted.is_none(), "nothing to balance, nothing to count");
+    assert!(r.choose(1).is_none());
+}
+
+#[test]
 fn in_flight_counts_end_with_the_request() {
     let r = replicas("", 2);
     let (a, _) = r.choose(0).unwrap();
