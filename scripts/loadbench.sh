@@ -8,7 +8,7 @@
 #
 # Reports a markdown table (stdout and bench-results/latest.md; raw rounds in
 # bench-results/latest-raw.txt). Knobs (environment): ROUNDS (5), SECONDS_PER_RUN (5),
-# PAIR_ROUNDS (5), CONNS (wrk connections, 64), RATE (fixed-rate test, 2000 req/s), RATE_SECONDS (5),
+# PAIR_ROUNDS (5), FAILOVER_RATE (200 req/s), FAILOVER_ROUNDS (5), CONNS (wrk connections, 64), RATE (fixed-rate test, 2000 req/s), RATE_SECONDS (5),
 # SSE_COUNT (2000), STREAMS (10000; capped by the open-file hard limit), STREAM_ROUNDS (3),
 # VISION_RATE (20 req/s of a 2 MB vision body), VISION_SECONDS (5).
 #
@@ -37,6 +37,7 @@ RATE_SECONDS=${RATE_SECONDS:-5}
 RATE_ROUNDS=${RATE_ROUNDS:-3}
 PAIR_ROUNDS=${PAIR_ROUNDS:-5}
 FAILOVER_RATE=${FAILOVER_RATE:-200}
+FAILOVER_ROUNDS=${FAILOVER_ROUNDS:-5}
 SSE_COUNT=${SSE_COUNT:-2000}
 SSE_ROUNDS=${SSE_ROUNDS:-3}
 STREAMS=${STREAMS:-10000}
@@ -386,17 +387,19 @@ RUST_LOG=warn taskset -c $PROXY_CPU "$BIN" serve --config "$WORK/twin.toml" >/de
 TWIN_PID=$!
 PIDS+=("$TWIN_PID")
 wait_http "http://127.0.0.1:$TWIN_PORT/healthz"
-run_pair() { # base target seconds → the target's req/s per core ÷ the base's
+# One paired run: base on process A, target on process B (pids and ports) → the target's
+# req/s per core ÷ the base's, from each process's CPU time per request.
+pair_once() { # base target seconds pid_a port_a pid_b port_b
     local a b ca0 cb0 ca1 cb1 na nb
     a=$(mktemp) b=$(mktemp)
-    ca0=$(cpu_ticks "$GW_PID") cb0=$(cpu_ticks "$TWIN_PID")
+    ca0=$(cpu_ticks "$4") cb0=$(cpu_ticks "$6")
     taskset -c $CLIENT_CPU wrk -t1 -c32 -d"${3}s" -s "$WORK/post.lua" \
-        -H "Authorization: Bearer $(token "$1")" "$(url "$1")/chat/completions" >"$a" &
+        -H "Authorization: Bearer $(token "$1")" "$(url "$1" | sed "s/:$GW_PORT\//:$5\//")/chat/completions" >"$a" &
     local pa=$!
     taskset -c $CLIENT_CPU wrk -t1 -c32 -d"${3}s" -s "$WORK/post.lua" \
-        -H "Authorization: Bearer $(token "$2")" "$(url "$2" | sed "s/:$GW_PORT\//:$TWIN_PORT\//")/chat/completions" >"$b"
+        -H "Authorization: Bearer $(token "$2")" "$(url "$2" | sed "s/:$GW_PORT\//:$7\//")/chat/completions" >"$b"
     wait "$pa"
-    ca1=$(cpu_ticks "$GW_PID") cb1=$(cpu_ticks "$TWIN_PID")
+    ca1=$(cpu_ticks "$4") cb1=$(cpu_ticks "$6")
     for f in "$a" "$b"; do
         ! grep -q Non-2xx "$f" || die "paired run: non-2xx responses: $(grep Non-2xx "$f")"
     done
@@ -404,7 +407,15 @@ run_pair() { # base target seconds → the target's req/s per core ÷ the base's
     rm -f "$a" "$b"
     # (cpu_a / n_a) / (cpu_b / n_b): above 1, the target costs less per request than the base.
     awk -v ca=$((ca1 - ca0)) -v cb=$((cb1 - cb0)) -v na="$na" -v nb="$nb" \
-        'BEGIN { if (ca > 0 && cb > 0 && na > 0 && nb > 0) printf "%.3f", (ca / na) / (cb / nb); else print "nan" }'
+        'BEGIN { if (ca > 0 && cb > 0 && na > 0 && nb > 0) printf "%.4f", (ca / na) / (cb / nb); else print "nan" }'
+}
+# Both ways round (base on the gateway and the feature on the twin, then the reverse), so a
+# difference between the two processes cancels out: the geometric mean of the two.
+run_pair() { # base target seconds
+    local x y
+    x=$(pair_once "$1" "$2" "$3" "$GW_PID" "$GW_PORT" "$TWIN_PID" "$TWIN_PORT")
+    y=$(pair_once "$1" "$2" "$3" "$TWIN_PID" "$TWIN_PORT" "$GW_PID" "$GW_PORT")
+    awk -v x="$x" -v y="$y" 'BEGIN { printf "%.3f", sqrt(x * y) }'
 }
 PAIRED="replicas redis policy"
 log "paired: $PAIR_ROUNDS rounds x ${SECONDS_PER_RUN}s of key and each of $PAIRED at once"
@@ -436,8 +447,8 @@ HELD=$!
 PIDS+=("$HELD")
 sleep 0.5
 FAILURES_BEFORE=$(connect_failures)
-log "failover latency at $FAILOVER_RATE req/s: $RATE_ROUNDS rounds x ${RATE_SECONDS}s, one replica vs a dead one first"
-for r in $(seq 1 "$RATE_ROUNDS"); do
+log "failover latency at $FAILOVER_RATE req/s: $FAILOVER_ROUNDS rounds x ${RATE_SECONDS}s, one replica vs a dead one first"
+for r in $(seq 1 "$FAILOVER_ROUNDS"); do
     for t in key failover; do
         run_rate "$t" f "$FAILOVER_RATE" 4 "$RATE_SECONDS" --body "$CHAT_BODY"
     done
@@ -580,12 +591,13 @@ mkdir -p "$OUT"
     echo "refused) with [rate_limits] redis, a redis-server $(redis-server --version | awk '{ print $3 }' | tr -d v=) on the client core; it answered"
     echo "${EVALSHA_CALLS:-0} EVALSHA calls, and the gateway fell back to per-process limits ${REDIS_FALLBACKS:-0} time(s)."
     echo "Paired: the gateway and a twin (same config) on the same core, two \`wrk -t1 -c32\` at once for"
-    echo "${SECONDS_PER_RUN} s, one on \`infer\` of the first, one on the feature's service of the twin; each process's"
-    echo "CPU time per request, their ratio as req/s per core, median of $PAIR_ROUNDS rounds (sequential rounds drift ±15% here)."
+    echo "${SECONDS_PER_RUN} s, one on \`infer\` of one process, one on the feature's service of the other, then the"
+    echo "reverse; each process's CPU time per request, their ratio as req/s per core (geometric mean of the"
+    echo "two ways round), median of $PAIR_ROUNDS rounds (sequential rounds drift ±15% here)."
     echo "Replicas: service \`replicas\` lists the fast upstream on 127.0.0.1, .2 and .3 (one process)."
     echo "Failover: service \`failover\` lists a port where nothing listens before the live upstream;"
     echo "with one stream held on the live one, least_requests tries the dead one first: $FAILOVERS failed"
-    echo "connects counted for $(awk -v r="$FAILOVER_RATE" -v s="$RATE_SECONDS" -v n="$RATE_ROUNDS" 'BEGIN { printf "%.0f", r * (s + 1) * n }') requests (4 connections, $FAILOVER_RATE req/s)."
+    echo "connects counted for $(awk -v r="$FAILOVER_RATE" -v s="$RATE_SECONDS" -v n="$FAILOVER_ROUNDS" 'BEGIN { printf "%.0f", r * (s + 1) * n }') requests (4 connections, $FAILOVER_RATE req/s)."
     echo "Vision: \`loadgen rate\` at $VISION_RATE req/s on 4 connections, a $VISION_BYTES-byte chat body."
     echo "Gateway: \`threads = 1\`, access log $ACCESS_LOG, RUST_LOG=warn; nginx 1.22:"
     echo "\`worker_processes 1\`, upstream keepalive 128, access_log off, proxy_buffering off."
