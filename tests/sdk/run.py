@@ -611,14 +611,17 @@ def policy_checks(gw, token):
         want = (len(demo.fragments(text)), len(demo.fragments(echo(text))) + len(demo.fragments(demo.REASONING)))
         expect_eq((u.prompt_tokens, u.completion_tokens), want, "usage (prompt, completion)")
         expect_eq(u.total_tokens, u.prompt_tokens + u.completion_tokens, "total_tokens")
+        # The two counters move one after the other: a scrape may fall between them, so wait
+        # for the whole increase rather than the first change.
+        expected = {"prompt": u.prompt_tokens, "completion": u.completion_tokens}
         deadline = time.monotonic() + METRICS_WAIT
         while True:
             after = token_counts(gw, "chatx")
-            if after != before or time.monotonic() > deadline:
+            delta = {k: after[k] - before[k] for k in after}
+            if delta == expected or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        delta = {k: after[k] - before[k] for k in after}
-        expect_eq(delta, {"prompt": u.prompt_tokens, "completion": u.completion_tokens},
+        expect_eq(delta, expected,
                   f"portcullis_tokens_total{{service=\"chatx\"}} increase within {METRICS_WAIT} s")
         return f"usage {u.prompt_tokens}+{u.completion_tokens}, counter {before} -> {after}"
 
