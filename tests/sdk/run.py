@@ -22,15 +22,12 @@ import math
 import os
 import re
 import secrets
-import selectors
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import urllib.error
@@ -39,6 +36,9 @@ import urllib.request
 import zlib
 
 import openai
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import Child, free_port, tail  # noqa: E402  (tests/harness.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SDK_DIR = os.path.join(ROOT, "tests", "sdk")
@@ -80,80 +80,6 @@ def expect_eq(got, want, what):
 
 
 # ---- child processes ---------------------------------------------------------------------------
-
-class Child:
-    """A child process in its own process group, stopped (TERM, then KILL) by stop().
-    Every child ever started is in Child.all, so cleanup reaches even one whose start was
-    interrupted."""
-    all = []
-
-    def __init__(self, name, argv, log_path, wait_listening, env=None):
-        self.name, self.log_path = name, log_path
-        self.log = open(log_path, "ab")
-        self.proc = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if wait_listening else self.log, stderr=self.log,
-            start_new_session=True)
-        Child.all.append(self)
-        self.port = self._read_listening() if wait_listening else None
-
-    def _read_listening(self):
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline, buf = time.monotonic() + START_TIMEOUT, b""
-        try:
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    break
-                chunk = os.read(self.proc.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                buf += chunk
-                m = re.search(rb"^LISTENING (\d+)\r?\n", buf, re.M)
-                if m:
-                    threading.Thread(target=self._drain, args=(buf[m.end():],), daemon=True).start()
-                    return int(m.group(1))
-        finally:
-            sel.close()
-        self.stop()
-        raise RuntimeError(f"{self.name} did not print LISTENING within {START_TIMEOUT}s "
-                           f"(exit code {self.proc.poll()}); log:\n{tail(self.log_path)}")
-
-    def _drain(self, first):
-        # Keep the pipe empty so the child can never block on a full stdout.
-        self.log.write(first)
-        for chunk in iter(lambda: self.proc.stdout.read1(4096), b""):
-            self.log.write(chunk)
-            self.log.flush()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        self.log.flush()
-
-
-def tail(path, lines=25):
-    try:
-        with open(path, "rb") as f:
-            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 # ---- plain HTTP (for the provider's endpoints and exact status checks) --------------------------
 
