@@ -290,6 +290,7 @@ url() { # target → base URL of the chat endpoint
         redis) echo "http://127.0.0.1:$GW_PORT/v1/limited/v1" ;;
         replicas) echo "http://127.0.0.1:$GW_PORT/v1/replicas/v1" ;;
         failover) echo "http://127.0.0.1:$GW_PORT/v1/failover/v1" ;;
+        floor) echo "http://127.0.0.1:$FLOOR_PORT/v1/infer/v1" ;;
     esac
 }
 port() { case $1 in direct) echo "$UP_PORT" ;; nginx) echo "$NGX_PORT" ;; *) echo "$GW_PORT" ;; esac; }
@@ -417,6 +418,21 @@ run_pair() { # base target seconds
     y=$(pair_once "$1" "$2" "$3" "$TWIN_PID" "$TWIN_PORT" "$GW_PID" "$GW_PORT")
     awk -v x="$x" -v y="$y" 'BEGIN { printf "%.3f", sqrt(x * y) }'
 }
+# The engine's floor (issue 13): a bare Pingora ProxyHttp (benches/load/floor.rs) that only
+# compares a static bearer, strips the prefix and drops Set-Cookie, on the gateway's core.
+FLOOR_PORT=$(free_port)
+taskset -c $PROXY_CPU "$EX/floor" --listen "127.0.0.1:$FLOOR_PORT" --upstream "127.0.0.1:$UP_PORT" \
+    --key "$KEY" >"$WORK/floor.log" 2>&1 &
+FLOOR_PID=$!
+PIDS+=("$FLOOR_PID")
+wait_http "http://127.0.0.1:$FLOOR_PORT/"
+log "paired with the floor: $PAIR_ROUNDS rounds x ${SECONDS_PER_RUN}s, bare Pingora and Portcullis (key) at once"
+for r in $(seq 1 "$PAIR_ROUNDS"); do
+    record "pair_floor $(pair_once floor key "$SECONDS_PER_RUN" "$FLOOR_PID" "$FLOOR_PORT" "$GW_PID" "$GW_PORT")"
+done
+log "Portcullis ÷ floor, req/s per core: $(values pair_floor | tr '\n' ' ')"
+kill "$FLOOR_PID" 2>/dev/null || true
+
 PAIRED="replicas redis policy"
 log "paired: $PAIR_ROUNDS rounds x ${SECONDS_PER_RUN}s of key and each of $PAIRED at once"
 for r in $(seq 1 "$PAIR_ROUNDS"); do
@@ -527,7 +543,7 @@ ok() { if awk "BEGIN { exit !($1) }"; then echo met; else echo "**missed**"; fi;
 
 D=$(m rps_direct) N=$(m rps_nginx) K=$(m rps_key) J=$(m rps_jwt) P=$(m rps_policy) R=$(m rps_redis)
 RR=$(m rps_replicas)
-PR=$(m pair_replicas) PD=$(m pair_redis) PP=$(m pair_policy)
+PR=$(m pair_replicas) PD=$(m pair_redis) PP=$(m pair_policy) PF=$(m pair_floor)
 F0=$(m f50_key) F1=$(m f50_failover)
 FADD=$(awk -v a="$F1" -v b="$F0" 'BEGIN { printf "%.0f", a - b }')
 V0=$(m vision50_key) V1=$(m vision50_policy)
@@ -552,6 +568,7 @@ mkdir -p "$OUT"
     echo "| max req/s, chat POST, api = \"openai\" + model policy | | | $(int "$P") | $(ratio "$P" "$D") | $(ratio "$P" "$N") | ≥ 0.9× without ($(ratio "$P" "$K")×) | $(ok "$P >= 0.9 * $K") |"
     echo "| max req/s, chat POST, rate limit shared through Redis | | | $(int "$R") | $(ratio "$R" "$D") | $(ratio "$R" "$N") | ≥ 0.8× without ($(ratio "$R" "$K")×) | $(ok "$R >= 0.8 * $K") |"
     echo "| max req/s, chat POST, three replicas (least_requests) | | | $(int "$RR") | $(ratio "$RR" "$D") | $(ratio "$RR" "$N") | | |"
+    echo "| paired req/s per core ÷ the bare-Pingora floor, API key | | | ${PF}× | | | ≥ 1.0× (issue 13) | $(ok "$PF >= 1.0") |"
     echo "| paired req/s ÷ one replica, three replicas | | | ${PR}× | | | within 5% | $(ok "$PR >= 0.95") |"
     echo "| paired req/s ÷ without, Redis rate limit | | | ${PD}× | | | ≥ 0.8× | $(ok "$PD >= 0.8") |"
     echo "| paired req/s ÷ without, model policy | | | ${PP}× | | | ≥ 0.9× | $(ok "$PP >= 0.9") |"
@@ -594,6 +611,8 @@ mkdir -p "$OUT"
     echo "${SECONDS_PER_RUN} s, one on \`infer\` of one process, one on the feature's service of the other, then the"
     echo "reverse; each process's CPU time per request, their ratio as req/s per core (geometric mean of the"
     echo "two ways round), median of $PAIR_ROUNDS rounds (sequential rounds drift ±15% here)."
+    echo "Floor: benches/load/floor.rs, a bare Pingora \`ProxyHttp\` (static bearer compare, prefix strip,"
+    echo "Set-Cookie dropped, one worker thread) paired with the gateway's \`infer\` on the same core."
     echo "Replicas: service \`replicas\` lists the fast upstream on 127.0.0.1, .2 and .3 (one process)."
     echo "Failover: service \`failover\` lists a port where nothing listens before the live upstream;"
     echo "with one stream held on the live one, least_requests tries the dead one first: $FAILOVERS failed"
