@@ -201,6 +201,61 @@ impl Metrics {
         }
     }
 
+    /// One service's handles, resolved once: the request path then records without hashing
+    /// label values (the common status, 200, per method; others are looked up).
+    pub fn for_service(&self, service: &str) -> ServiceMetrics {
+        ServiceMetrics {
+            service: service.into(),
+            duration: self.duration.with_label_values(&[service]),
+            ttfb: self.upstream_ttfb.with_label_values(&[service]),
+            ok: Default::default(),
+        }
+    }
+
+    /// `record` through a service's resolved handles.
+    pub fn record_for(
+        &self,
+        handles: &ServiceMetrics,
+        method: &Method,
+        status: u16,
+        duration: Duration,
+        ttfb: Option<Duration>,
+        auth_failure: Option<AuthFailure>,
+    ) {
+        let method = method_label(method);
+        if status == 200 {
+            let i = METHOD_LABELS.iter().position(|m| *m == method).unwrap_or(7);
+            // Made on the first 200 of each method, so /metrics shows only series that happened.
+            handles.ok[i]
+                .get_or_init(|| {
+                    self.requests
+                        .with_label_values(&[&handles.service, method, "200"])
+                })
+                .inc();
+        } else {
+            self.count_request(&handles.service, method, status);
+        }
+        handles.duration.observe(duration.as_secs_f64());
+        if let Some(t) = ttfb {
+            handles.ttfb.observe(t.as_secs_f64());
+        }
+        if let Some(kind) = auth_failure {
+            self.auth_failures.with_label_values(&[kind.as_str()]).inc();
+        }
+    }
+
+    fn count_request(&self, service: &str, method: &str, status: u16) {
+        let mut code = [b'0'; 3];
+        let status = status.min(999);
+        code[0] += (status / 100) as u8;
+        code[1] += (status / 10 % 10) as u8;
+        code[2] += (status % 10) as u8;
+        let code = std::str::from_utf8(&code).unwrap_or("000");
+        self.requests
+            .with_label_values(&[service, method, code])
+            .inc();
+    }
+
     pub fn record(
         &self,
         service: &str,
@@ -210,15 +265,7 @@ impl Metrics {
         ttfb: Option<Duration>,
         auth_failure: Option<AuthFailure>,
     ) {
-        let mut code = [b'0'; 3];
-        let status = status.min(999);
-        code[0] += (status / 100) as u8;
-        code[1] += (status / 10 % 10) as u8;
-        code[2] += (status % 10) as u8;
-        let code = std::str::from_utf8(&code).unwrap_or("000");
-        self.requests
-            .with_label_values(&[service, method_label(method), code])
-            .inc();
+        self.count_request(service, method_label(method), status);
         self.duration
             .with_label_values(&[service])
             .observe(duration.as_secs_f64());
@@ -309,6 +356,19 @@ impl Default for Metrics {
         Metrics::new()
     }
 }
+
+/// A service's metric handles (see `Metrics::for_service`).
+pub struct ServiceMetrics {
+    service: Box<str>,
+    duration: prometheus::Histogram,
+    ttfb: prometheus::Histogram,
+    /// `portcullis_requests_total{status="200"}`, per `METHOD_LABELS`, once seen.
+    ok: [std::sync::OnceLock<IntCounter>; 8],
+}
+
+const METHOD_LABELS: [&str; 8] = [
+    "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "OTHER",
+];
 
 /// Methods outside the allowed set are folded into one label: they are client-chosen strings.
 fn method_label(method: &Method) -> &'static str {

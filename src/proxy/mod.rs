@@ -24,7 +24,7 @@ use crate::access_log::{self, AccessLog};
 use crate::auth::Authenticator;
 use crate::config::{Config, ServiceConfig};
 use crate::errors::{write_local, GatewayError, Malformed};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::{Endpoint, Models};
 use crate::rate_limit::{self, Limit};
 use crate::replicas::Replicas;
@@ -34,6 +34,9 @@ pub struct Gateway {
     services: Vec<ServiceConfig>,
     /// Per service, parallel to `services`.
     replicas: Vec<Arc<Replicas>>,
+    /// Per service, parallel to `services`, then `_local` and `_unknown`: metric handles
+    /// resolved once instead of label lookups per request.
+    handles: Vec<ServiceMetrics>,
     /// Per service, parallel to `services`.
     limits: Vec<Limit>,
     max_body: u64,
@@ -80,7 +83,12 @@ impl Gateway {
                     &metrics.rate_limit_backend_errors(),
                 ))
             });
+        let handles = (config.services.iter().map(|s| s.name.as_str()))
+            .chain(["_local", "_unknown"])
+            .map(|name| metrics.for_service(name))
+            .collect();
         Gateway {
+            handles,
             replicas,
             limits: config
                 .services
@@ -509,8 +517,8 @@ impl ProxyHttp for Gateway {
             self.metrics
                 .tokens(service, usage.prompt_tokens, usage.completion_tokens);
         }
-        self.metrics.record(
-            service,
+        self.metrics.record_for(
+            self.service_metrics(ctx),
             &session.req_header().method,
             status,
             ctx.start.elapsed(),
@@ -533,6 +541,16 @@ impl Gateway {
     /// The model policy of the routed service, on an `api = "openai"` service.
     fn models(&self, route: Option<usize>) -> Option<&Models> {
         route.and_then(|r| self.services[r].openai.as_ref())
+    }
+
+    /// The metric handles of `service_label`.
+    fn service_metrics(&self, ctx: &RequestCtx) -> &ServiceMetrics {
+        let n = self.services.len();
+        &self.handles[match ctx.route {
+            Some(i) => i,
+            None if ctx.health => n,
+            None => n + 1,
+        }]
     }
 
     /// A bounded metric label: a registered service, `_local` or `_unknown`.
