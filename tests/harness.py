@@ -3,6 +3,7 @@ started in their own process group, ready when they print `LISTENING <port>`, al
 
 import os
 import re
+import shutil
 import selectors
 import signal
 import socket
@@ -86,3 +87,23 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def finish(res, tmp, keep, started):
+    """The end of a driver's run: stop every child (a second signal must not cut this short),
+    show the logs' tails and keep them when anything failed, report, and give the exit code."""
+    signal.alarm(0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for child in reversed(Child.all):
+        child.stop()
+    if res.failed:
+        for name in ("gateway", "idp", "upstream"):
+            print(f"---- {name}.log (tail) ----\n{tail(os.path.join(tmp, name + '.log'))}")
+    if keep or res.failed:
+        print(f"logs kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"(took {time.monotonic() - started:.1f} s)")
+    print(f"{res.passed} passed, {res.failed} failed", flush=True)
+    return 1 if res.failed else 0

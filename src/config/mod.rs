@@ -18,7 +18,7 @@ use crate::model_policy::Models;
 
 pub use admin::AdminSettings;
 pub use env::expand as expand_env;
-pub use replicas::{Balance, Balancing, HealthCheckSettings};
+pub use replicas::{Balance, Balancing, HealthCheckSettings, MAX_REPLICAS};
 
 #[derive(Debug, Clone)]
 pub struct Config {

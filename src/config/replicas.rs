@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use super::{file, parse_upstream, Upstream, Validator};
 
+/// Most replicas one service may list: a request marks the replicas it tried in a `u64`.
+pub const MAX_REPLICAS: usize = 64;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Balance {
     /// The replica with the fewest requests in flight from this gateway: LLM requests differ
@@ -73,6 +76,10 @@ impl Validator<'_> {
         };
         if urls.is_empty() {
             self.problem(&ukey, "needs at least one replica");
+            return None;
+        }
+        if urls.len() > MAX_REPLICAS {
+            self.problem(&ukey, format!("lists more than {MAX_REPLICAS} replicas"));
             return None;
         }
         let system = self.resolve;

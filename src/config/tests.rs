@@ -356,3 +356,18 @@ fn the_reference_rate_limits_example_parses_when_uncommented() {
         "redis://redis.internal:6379/0"
     );
 }
+
+#[test]
+fn a_service_lists_at_most_sixty_four_replicas() {
+    let list = |n: u16| -> String {
+        let urls: Vec<String> = (0..n)
+            .map(|i| format!("\"http://127.0.0.1:{}\"", 8000 + i))
+            .collect();
+        format!(
+            "[services.infer]\nupstream = [{}]\nscope = \"infer\"\n",
+            urls.join(", ")
+        )
+    };
+    assert_eq!(parse(&list(64)).unwrap().services[0].replicas.len(), 64);
+    assert!(problems(&list(65)).contains("services.infer.upstream: lists more than 64 replicas"));
+}

@@ -23,8 +23,7 @@ use crate::metrics::Metrics;
 pub use dns::{DnsRefresh, MakePeer, UpstreamResolver};
 pub use health::HealthChecks;
 
-/// A request tries each replica at most once; this bounds the bitmask of tried replicas.
-pub const MAX_REPLICAS: usize = 64;
+pub use crate::config::MAX_REPLICAS;
 
 pub struct Replicas {
     pub service: Box<str>,

@@ -28,7 +28,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -44,7 +43,7 @@ import openapi_spec_validator
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import Child, free_port, tail  # noqa: E402  (tests/harness.py)
+from harness import Child, finish, free_port, tail  # noqa: E402  (tests/harness.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.join(ROOT, "tests", "admin_api")
@@ -706,21 +705,8 @@ def main():
             res.failed += 1
             print(f"FAIL  run aborted: {type(e).__name__}: {e}", flush=True)
         finally:
-            signal.alarm(0)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            for child in reversed(Child.all):
-                child.stop()
-            if res.failed:
-                for name in ("gateway", "idp", "upstream"):
-                    print(f"---- {name}.log (tail) ----\n{tail(os.path.join(tmp, name + '.log'))}")
-            if args.keep or res.failed:
-                print(f"logs kept in {tmp}")
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
-    print(f"(took {time.monotonic() - started:.1f} s)")
-    print(f"{res.passed} passed, {res.failed} failed", flush=True)
-    return 1 if res.failed else 0
+            code = finish(res, tmp, args.keep, started)
+    return code
 
 
 if __name__ == "__main__":
