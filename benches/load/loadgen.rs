@@ -6,6 +6,7 @@
 //!                  --rate R --conns C --seconds S [--warmup-s W]
 //! loadgen sse-head --addr A --path P [--header H]... --count N [--warmup N]
 //! loadgen streams  --addr A --path P [--header H]... --count N --pid PID [--hold-s S]
+//! loadgen count    --addr A --path P [--method M] [--header H]... [--body B] --count N
 //! ```
 //!
 //! Every mode prints one line of `name value` pairs (times in microseconds) for the script.
@@ -110,7 +111,8 @@ fn main() {
         "rate" => rate(&a),
         "sse-head" => sse_head(&a),
         "streams" => streams(&a),
-        _ => fail("mode: rate, sse-head or streams"),
+        "count" => count(&a),
+        _ => fail("mode: rate, sse-head, streams or count"),
     }
 }
 
@@ -349,6 +351,25 @@ fn sse_head(a: &Args) {
         }
     }
     println!("{} errors {errors}", summary(lat));
+}
+
+/// Exactly `count` sequential requests on one kept-alive connection, each checked to be a 200:
+/// a fixed amount of work for instruction counting (scripts/callgrind.sh), so no timing at all.
+fn count(a: &Args) {
+    let req = request(a);
+    let addr = a.addr.unwrap();
+    let mut conn = Conn::open(addr).unwrap_or_else(|e| fail(&format!("connect: {e}")));
+    for i in 0..a.count {
+        let ok = conn.sock.write_all(&req).is_ok()
+            && match conn.head() {
+                Ok(h) => h.status == 200 && conn.body(&h).is_ok(),
+                Err(_) => false,
+            };
+        if !ok {
+            fail(&format!("count: request {i} failed"));
+        }
+    }
+    println!("count {} errors 0", a.count);
 }
 
 /// Opens `count` streaming requests at once (at most 256 being set up at a time), waits until
