@@ -225,7 +225,7 @@ impl ProxyHttp for Gateway {
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.start = Instant::now();
         // new_ctx already drew a random id; the client's replaces it only if it sent one.
-        if let Some(client_id) = session.req_header().headers.get("x-request-id") {
+        if let Some(client_id) = session.req_header().headers.get(headers::X_REQUEST_ID) {
             ctx.request_id = RequestId::from_client_or_new(Some(client_id.as_bytes()));
         }
         match self.decide(session, ctx).await {
