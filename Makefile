@@ -40,7 +40,11 @@ test-deps: deps
 	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
+# vendor/ must be crates.io's source plus vendor/patches, and the patched crate must pass its own
+# tests of what the patches touch (vendor/README.md).
 test: test-deps
+	scripts/vendor.sh --check
+	scripts/vendor.sh --test
 	$(CARGO) test --lib --bins --tests -- --test-threads=4
 	$(CARGO) test --bench auth --bench replicas
 	scripts/fuzz.sh smoke
