@@ -11,6 +11,8 @@
 // WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 // See the License for the specific language governing permissions and
 // limitations under the License.
+//
+// Modified for Portcullis (vendor/patches/0003-smaller-per-stream-buffers.patch).
 
 //! HTTP/1.x server session
 
@@ -365,10 +367,17 @@ impl HttpSession {
                         // Detach bytes beyond the header in O(1). Keeping them as owned BytesMut
                         // allows body parsing and subsequent pipelined sessions to continue
                         // splitting the same allocation instead of copying the shrinking suffix.
+                        // The header values (and the body bytes read with the head) are kept
+                        // for as long as the request lasts: when they fill under half of the
+                        // read buffer, they are copied to exact size rather than keep the whole
+                        // buffer alive through a long stream.
+                        let small = detached_suffix.is_none() && buf.capacity() >= 2 * buf.len();
                         let preread_body = if s == buf.len() {
                             // Keep the common no-body/no-overread path on BytesMut's Vec-backed
                             // representation. split_off() would promote it to shared storage.
                             detached_suffix.take().unwrap_or_default()
+                        } else if small {
+                            BytesMut::from(&buf[s..])
                         } else {
                             let mut rest = buf.split_off(s);
                             if let Some(suffix) = detached_suffix.take() {
@@ -380,7 +389,11 @@ impl HttpSession {
                             }
                             rest
                         };
-                        let buf = buf.freeze();
+                        let buf = if small {
+                            Bytes::copy_from_slice(&buf[..s])
+                        } else {
+                            buf.freeze()
+                        };
 
                         for header in header_refs {
                             let header_name = header.get_name_bytes(&buf);
@@ -1877,6 +1890,22 @@ mod tests_stream {
         let res = http_stream.read_request().await;
         assert_eq!(input.len(), res.unwrap().unwrap());
         assert_eq!(0, http_stream.req_header().headers.len());
+    }
+
+    #[tokio::test]
+    async fn read_request_keeps_no_more_than_head_and_preread_body() {
+        let head = b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n";
+        let input = [&head[..], b"abc"].concat();
+        let mock_io = Builder::new().read(&input).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.read_request().await.unwrap();
+        // the header values share the head's buffer: without them it is the session's alone
+        drop(http_stream.request_header.take());
+        let held = std::mem::take(&mut http_stream.buf);
+        assert_eq!(held.try_into_mut().unwrap().capacity(), head.len());
+        let preread = http_stream.preread_body.take().unwrap();
+        assert_eq!(&preread[..], b"abc");
+        assert!(preread.capacity() < INIT_HEADER_BUF_SIZE);
     }
 
     #[cfg(feature = "patched_http1")]
