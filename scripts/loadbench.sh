@@ -565,8 +565,6 @@ D=$(m rps_direct) N=$(m rps_nginx) K=$(m rps_key) J=$(m rps_jwt) P=$(m rps_polic
 RR=$(m rps_replicas)
 PR=$(m pair_replicas) PD=$(m pair_redis) PP=$(m pair_policy) PF=$(m pair_floor) PE=$(m pair_engine)
 IRF=$(m ir_floor) IRK=$(m ir_key)
-# Memory per held stream: what the streams added over the idle gateway, per stream opened.
-PERSTREAM=$(awk -v s="$SR" -v i="$IH" -v n="$SO" 'BEGIN { if (n > 0) printf "%.1f", (s - i) / n; else print 0 }')
 HOOKS=$(awk '$1 ~ /^hook_/ && $2 > 0 { sub(/^hook_/, "", $1); printf "%s%s %d", sep, $1, $2; sep = ", " }' "$WORK/callgrind.txt")
 F0=$(m f50_key) F1=$(m f50_failover)
 FADD=$(awk -v a="$F1" -v b="$F0" 'BEGIN { printf "%.0f", a - b }')
@@ -574,6 +572,8 @@ V0=$(m vision50_key) V1=$(m vision50_policy)
 VADD=$(awk -v a="$V1" -v b="$V0" 'BEGIN { printf "%.0f", a - b }')
 SH=$(m ssehead_key)
 IH=$(m idle_hwm) SR=$(m streams_hwm) SO=$(m streams_open)
+# Memory per held stream: what the streams added over the idle gateway, per stream opened.
+PERSTREAM=$(awk -v s="$SR" -v i="$IH" -v n="$SO" 'BEGIN { if (n > 0) printf "%.1f", (s - i) / n; else print 0 }')
 # Per-stream cost from the measured count, scaled to 10,000 when the fd limit forced fewer.
 S10K=$(awk -v s="$SR" -v i="$IH" -v n="$SO" 'BEGIN { if (n > 0) printf "%.0f", i + (s - i) * 10000 / n; else print 0 }')
 ELAPSED=$(($(date +%s) - BEGIN))
