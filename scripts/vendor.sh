@@ -6,7 +6,7 @@
 #                              differs from it in any byte (`make test` runs this)
 #   scripts/vendor.sh --test   the patched crates' own tests of the modules the patches touch,
 #                              run in a copy (cargo would rewrite the crate's Cargo.lock) with
-#                              the gateway's Cargo.lock, so the versions are the ones we ship
+#                              the gateway's Cargo.lock and the rustls feature, as we ship it
 # A .crate file is taken from cargo's download cache when there, else from static.crates.io;
 # either way its sha256 must match vendor/crates.txt (the checksum Cargo.lock had for it).
 set -euo pipefail
@@ -23,7 +23,7 @@ if [ "$CHECK" = --test ]; then
     cp Cargo.lock "$WORK/pingora-core/Cargo.lock"
     # The modules the patches change; the crate's tests that need the public internet are
     # left out (they fail in a sandbox with or without the patches).
-    (cd "$WORK/pingora-core" && CARGO_TARGET_DIR="$ROOT/target/vendor-test" cargo test --lib --quiet -- \
+    (cd "$WORK/pingora-core" && CARGO_TARGET_DIR="$ROOT/target/vendor-test" cargo test --lib --quiet --features rustls -- \
         protocols::http::v1 connectors::http::tests::test_session_future_stays_small) ||
         die "the patched pingora-core fails its own tests"
     exit 0
