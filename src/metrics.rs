@@ -222,9 +222,9 @@ impl Metrics {
         ttfb: Option<Duration>,
         auth_failure: Option<AuthFailure>,
     ) {
-        let method = method_label(method);
+        let i = method_index(method);
+        let method = METHOD_LABELS[i];
         if status == 200 {
-            let i = METHOD_LABELS.iter().position(|m| *m == method).unwrap_or(7);
             // Made on the first 200 of each method, so /metrics shows only series that happened.
             handles.ok[i]
                 .get_or_init(|| {
@@ -364,6 +364,13 @@ pub struct ServiceMetrics {
     ttfb: prometheus::Histogram,
     /// `portcullis_requests_total{status="200"}`, per `METHOD_LABELS`, once seen.
     ok: [std::sync::OnceLock<IntCounter>; 8],
+}
+
+impl ServiceMetrics {
+    /// The service label these handles carry.
+    pub fn service(&self) -> &str {
+        &self.service
+    }
 }
 
 const METHOD_LABELS: [&str; 8] = [

@@ -24,14 +24,15 @@ pub fn within_limits(req: &RequestHeader) -> bool {
             <= MAX_HEADER_BYTES
 }
 
-/// `X-Request-Id`, parsed once: a name given as a string is parsed again on every use.
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Request-Id`, parsed once: a name given as a string is parsed again on every use. Statics,
+/// not consts: a const array of names would be built and dropped at every use.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Never forwarded upstream. The client's credentials, then claims about the client's
 /// identity or the original request that only a proxy may make: from a client they are
 /// spoofing. `X-Forwarded-For` and `-Proto` are then set by us.
-const NOT_TO_UPSTREAM: [HeaderName; 7] = [
+static NOT_TO_UPSTREAM: [HeaderName; 7] = [
     header::AUTHORIZATION,
     header::COOKIE,
     header::PROXY_AUTHORIZATION,
@@ -42,7 +43,7 @@ const NOT_TO_UPSTREAM: [HeaderName; 7] = [
 ];
 /// Session and challenge headers the gateway never relays: it issues no cookies and
 /// speaks only for itself about authentication.
-const NOT_TO_CLIENT: [HeaderName; 4] = [
+static NOT_TO_CLIENT: [HeaderName; 4] = [
     header::SET_COOKIE,
     HeaderName::from_static("set-cookie2"),
     header::WWW_AUTHENTICATE,
@@ -174,8 +175,22 @@ mod tests {
             req.append_header(name.to_string(), "v").unwrap();
         }
         req.append_header("cookie".to_string(), "second").unwrap();
-        let found = present(&req.headers, &NOT_TO_UPSTREAM);
-        assert_eq!(found, 0b1010011);
+        assert_eq!(present(&req.headers, &NOT_TO_UPSTREAM), 0b1010011);
+        let config = crate::config::Config::from_str(
+            std::path::Path::new("t.toml"),
+            "[services.infer]\nupstream = \"http://127.0.0.1:8000\"\nscope = \"infer\"\n",
+            |_| None,
+        )
+        .unwrap();
+        let host = HeaderValue::from_static("127.0.0.1:8000");
+        to_upstream(&mut req, &config.services[0], &host, None, false, "id").unwrap();
+        let left: Vec<&str> = req.headers.keys().map(|k| k.as_str()).collect();
+        assert!(
+            NOT_TO_UPSTREAM.iter().all(|n| !req.headers.contains_key(n)),
+            "{left:?}"
+        );
+        assert_eq!(req.headers.get("accept").unwrap(), "v");
+        assert_eq!(req.headers.get("x-request-id").unwrap(), "id");
         let mut resp = ResponseHeader::build(200, None).unwrap();
         resp.append_header("Set-Cookie".to_string(), "a=1").unwrap();
         resp.append_header("set-cookie".to_string(), "b=2").unwrap();

@@ -225,7 +225,7 @@ impl ProxyHttp for Gateway {
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.start = Instant::now();
         // new_ctx already drew a random id; the client's replaces it only if it sent one.
-        if let Some(client_id) = session.req_header().headers.get(headers::X_REQUEST_ID) {
+        if let Some(client_id) = session.req_header().headers.get(&headers::X_REQUEST_ID) {
             ctx.request_id = RequestId::from_client_or_new(Some(client_id.as_bytes()));
         }
         match self.decide(session, ctx).await {
@@ -359,14 +359,16 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        let service = &self.services[ctx.route.unwrap_or_default()];
+        let route = ctx.route.unwrap_or_default();
+        let service = &self.services[route];
         // 5. Rewrite: the upstream's base path, then the remainder and query byte for byte.
         let forward = &session.req_header().raw_path()[ctx.forward_from..];
-        let base_path = &service.replicas[0].base_path;
-        let mut target = Vec::with_capacity(base_path.len() + forward.len());
-        target.extend_from_slice(base_path.as_bytes());
-        target.extend_from_slice(forward);
-        upstream.set_raw_path(&target)?;
+        let base_path = service.replicas[0].base_path.as_bytes();
+        if base_path.is_empty() {
+            upstream.set_raw_path(forward)?;
+        } else {
+            upstream.set_raw_path(&[base_path, forward].concat())?;
+        }
         let client_ip = session
             .client_addr()
             .and_then(|a| a.as_inet())
@@ -375,7 +377,6 @@ impl ProxyHttp for Gateway {
         let Some(replica) = &ctx.replica else {
             return Error::e_explain(ErrorType::InternalError, "no replica chosen");
         };
-        let route = ctx.route.unwrap_or_default();
         headers::to_upstream(
             upstream,
             service,
@@ -555,11 +556,7 @@ impl Gateway {
 
     /// A bounded metric label: a registered service, `_local` or `_unknown`.
     fn service_label(&self, ctx: &RequestCtx) -> &str {
-        match ctx.route {
-            Some(i) => &self.services[i].name,
-            None if ctx.health => "_local",
-            None => "_unknown",
-        }
+        self.service_metrics(ctx).service()
     }
 }
 

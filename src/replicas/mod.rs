@@ -231,6 +231,10 @@ impl Replicas {
     /// A connection to replica `index` was made (or reused).
     pub fn connected(&self, index: usize) {
         let r = &self.members[index];
+        // Read first: every request passes here, and almost never with a failure to clear.
+        if r.connect_failures.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         if r.connect_failures.swap(0, Ordering::Relaxed) >= self.eject_after {
             r.ejected_until_ms.store(0, Ordering::Relaxed);
             self.refresh_gauge(r);
