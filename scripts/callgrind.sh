@@ -45,25 +45,6 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 mkdir -p "$OUT"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_line() { # file prefix: the rest of the first line starting with prefix (at most 60 s)
-    local i line
-    for i in $(seq 1 600); do
-        line=$(grep -m1 "^$2" "$1" 2>/dev/null || true)
-        [ -n "$line" ] && { echo "${line#"$2" }"; return 0; }
-        sleep 0.1
-    done
-    die "no '$2' line in $1: $(cat "$1")"
-}
-wait_http() { # under valgrind start-up takes seconds
-    local i
-    for i in $(seq 1 600); do
-        curl -s -o /dev/null --max-time 2 "$1" && return 0
-        sleep 0.1
-    done
-    die "nothing answers at $1"
-}
-
 UP_PORT=$(free_port)
 "$EX/fast_upstream" --port "$UP_PORT" --hosts 1 --tick-ms 5000 --max-life-s 900 >"$WORK/upstream.log" 2>&1 &
 PIDS+=($!)
@@ -105,7 +86,7 @@ profile() {
     valgrind --tool=callgrind --callgrind-out-file="$WORK/$name.%p" "$@" >"$WORK/$name.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
-    wait_http "http://127.0.0.1:$port/healthz"
+    wait_http "http://127.0.0.1:$port/healthz" 60 # under valgrind start-up takes seconds
     drive "$port" "$CG_WARMUP"
     callgrind_control -z "$pid" >/dev/null
     drive "$port" "$CG_REQUESTS"

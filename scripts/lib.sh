@@ -1,5 +1,6 @@
-# Shared by the test scripts (sourced, not run): messages, and installing pinned Python and
-# Node packages only when missing or when their pins changed. Set NAME before sourcing.
+# Shared by the scripts (sourced, not run): messages, installing pinned Python and Node
+# packages only when missing or when their pins changed, and waiting for the servers they
+# start. Set NAME before sourcing.
 
 say() { echo "$NAME: $*"; }
 die() { echo "$NAME: error: $*" >&2; exit 1; }
@@ -51,4 +52,29 @@ gateway_binary() {
         say "$1 missing: cargo build"
         cargo build
     fi
+}
+
+# Servers started by the scripts, all on loopback.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# wait_http URL [SECONDS]: until anything answers at URL (default 20 s), else die.
+wait_http() {
+    local i
+    for i in $(seq 1 $((${2:-20} * 10))); do
+        curl -s -o /dev/null --max-time 1 "$1" && return 0
+        sleep 0.1
+    done
+    die "nothing answers at $1"
+}
+
+# wait_line FILE PREFIX [SECONDS]: the rest of FILE's first line starting with PREFIX, waiting
+# for it (default 20 s), else die.
+wait_line() {
+    local i line
+    for i in $(seq 1 $((${3:-20} * 10))); do
+        line=$(grep -m1 "^$2" "$1" 2>/dev/null || true)
+        [ -n "$line" ] && { echo "${line#"$2" }"; return 0; }
+        sleep 0.1
+    done
+    die "no '$2' line in $1: $(cat "$1")"
 }

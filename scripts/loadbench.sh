@@ -28,6 +28,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+NAME=loadbench
+. scripts/lib.sh # free_port, wait_http, wait_line (their die is the one defined below)
 
 ROUNDS=${ROUNDS:-5}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
@@ -95,28 +97,6 @@ FD_LIMIT=$(ulimit -n)
 # Each stream through the gateway holds two sockets (client side and upstream side).
 MAX_STREAMS=$(((FD_LIMIT - 100) / 2))
 [ "$STREAMS" -le "$MAX_STREAMS" ] || { log "open-file limit $FD_LIMIT: $MAX_STREAMS streams, not $STREAMS"; STREAMS=$MAX_STREAMS; }
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-wait_http() { # url: until it answers at all, at most 20 s
-    local i
-    for i in $(seq 1 200); do
-        curl -s -o /dev/null --max-time 1 "$1" && return 0
-        sleep 0.1
-    done
-    die "nothing answers at $1"
-}
-
-# first line of a file matching a prefix, waiting for it (at most 20 s)
-wait_line() {
-    local i line
-    for i in $(seq 1 200); do
-        line=$(grep -m1 "^$2" "$1" 2>/dev/null || true)
-        [ -n "$line" ] && { echo "${line#"$2" }"; return 0; }
-        sleep 0.1
-    done
-    die "no '$2' line in $1: $(cat "$1")"
-}
 
 UP_PORT=$(free_port)
 taskset -c $CLIENT_CPU "$EX/fast_upstream" --port "$UP_PORT" --hosts 3 --tick-ms 5000 --max-life-s 1800 >"$WORK/upstream.log" 2>&1 &

@@ -1,5 +1,6 @@
-"""Child processes for the Python test drivers (tests/sdk/run.py, tests/admin_api/run.py):
-started in their own process group, ready when they print `LISTENING <port>`, always stopped."""
+"""What the Python test drivers (tests/sdk/run.py, tests/admin_api/run.py) share: checks and
+their results; child processes started in their own process group, ready when they print
+`LISTENING <port>`, always stopped."""
 
 import os
 import re
@@ -9,10 +10,59 @@ import signal
 import socket
 import subprocess
 import threading
+import sys
 import time
+import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT = 30      # seconds for any child to say it is ready
+
+
+class CheckFailed(Exception):
+    """An expectation not met: reported by its message alone."""
+
+
+def expect(cond, message):
+    if not cond:
+        raise CheckFailed(message)
+
+
+def expect_eq(got, want, what):
+    if got != want:
+        raise CheckFailed(f"{what}: expected {want!r}, got {got!r}")
+
+
+class Results:
+    """Counts checks; a failed check never stops the others. `quiet`: exception types reported
+    by their message alone, like CheckFailed (others also get a short traceback)."""
+
+    def __init__(self, quiet=()):
+        self.passed = self.failed = 0
+        self.quiet = (CheckFailed, *quiet)
+
+    def check(self, name, fn, *args):
+        try:
+            detail = fn(*args)
+        except Exception as e:  # a failed check never stops the others
+            self.failed += 1
+            msg = str(e) if isinstance(e, CheckFailed) else f"{type(e).__name__}: {e}"
+            print(f"FAIL  {name}: {msg}", flush=True)
+            if not isinstance(e, self.quiet):
+                traceback.print_exc(limit=3, file=sys.stdout)
+            return False
+        self.passed += 1
+        print(f"ok    {name}" + (f"  [{detail}]" if detail else ""), flush=True)
+        return True
+
+    def record(self, name, ok, detail=""):
+        """Counts a result decided elsewhere (a Node test, an aborted step)."""
+        def outcome():
+            expect(ok, detail or "failed")
+            return detail
+        self.check(name, outcome)
+
+    def skip(self, name, why):
+        print(f"skip  {name}: {why}", flush=True)
 
 
 class Child:

@@ -22,6 +22,11 @@ const HEALTH_1S: &str =
     "health_check = { path = \"/health\", interval_seconds = 1, timeout_seconds = 1 }";
 const DNS_NAME: &str = "replica.test";
 
+/// Replicas A, B and C, running, recording into `log`.
+fn three_replicas(log: &HitLog) -> [Replica; 3] {
+    ["A", "B", "C"].map(|name| Replica::local(name, log))
+}
+
 fn urls(replicas: &[&Replica]) -> Vec<String> {
     replicas.iter().map(|r| r.url()).collect()
 }
@@ -154,11 +159,7 @@ fn sse_path(id: &str, n: u32, gap_ms: u32) -> String {
 #[tokio::test]
 async fn least_requests_by_default_sends_short_requests_to_the_replica_without_an_open_stream() {
     let log = HitLog::new();
-    let (a, b, c) = (
-        Replica::local("A", &log),
-        Replica::local("B", &log),
-        Replica::local("C", &log),
-    );
+    let [a, b, c] = three_replicas(&log);
     // No `balance`: least_requests is the default.
     let gw = gateway(&urls(&[&a, &b, &c]), "", "");
     let (key, _) = gw.create_key("infer", &[]);
@@ -235,11 +236,7 @@ async fn least_requests_keeps_new_requests_off_a_replica_holding_two_streams_and
 #[tokio::test]
 async fn round_robin_spreads_thirty_requests_ten_to_each_of_three_replicas() {
     let log = HitLog::new();
-    let (a, b, c) = (
-        Replica::local("A", &log),
-        Replica::local("B", &log),
-        Replica::local("C", &log),
-    );
+    let [a, b, c] = three_replicas(&log);
     let gw = gateway(&urls(&[&a, &b, &c]), "balance = \"round_robin\"", "");
     let (key, _) = gw.create_key("infer", &[]);
     let mut count: HashMap<String, usize> = HashMap::new();
@@ -268,11 +265,7 @@ struct Outcome {
 async fn killing_a_replica_mid_load_fails_at_most_its_in_flight_requests_and_cuts_only_its_streams()
 {
     let log = HitLog::new();
-    let reps = [
-        Replica::local("A", &log),
-        Replica::local("B", &log),
-        Replica::local("C", &log),
-    ];
+    let reps = three_replicas(&log);
     let gw = gateway(&urls(&[&reps[0], &reps[1], &reps[2]]), HEALTH_1S, "");
     let (key, _) = gw.create_key("infer", &[]);
     let gw = std::sync::Arc::new(gw);
@@ -447,11 +440,7 @@ async fn killing_a_replica_mid_load_fails_at_most_its_in_flight_requests_and_cut
 #[tokio::test]
 async fn a_killed_replica_restarted_on_the_same_address_rejoins_within_a_health_interval() {
     let log = HitLog::new();
-    let (a, b, c) = (
-        Replica::local("A", &log),
-        Replica::local("B", &log),
-        Replica::local("C", &log),
-    );
+    let [a, b, c] = three_replicas(&log);
     let gw = gateway(&urls(&[&a, &b, &c]), HEALTH_1S, "");
     let (key, _) = gw.create_key("infer", &[]);
     let all_up = [
@@ -546,11 +535,7 @@ async fn posts_reset_by_a_are_not_replayed(gw: &Gateway, key: &str, log: &HitLog
 #[tokio::test]
 async fn a_post_reset_by_a_replica_after_reading_it_is_not_replayed_and_the_client_gets_502() {
     let log = HitLog::new();
-    let (a, b, c) = (
-        Replica::local("A", &log),
-        Replica::local("B", &log),
-        Replica::local("C", &log),
-    );
+    let [a, b, c] = three_replicas(&log);
     a.set_reset_before_answer(true);
     let gw = gateway(&urls(&[&a, &b, &c]), "balance = \"round_robin\"", "");
     let (key, _) = gw.create_key("infer", &[]);
@@ -560,11 +545,7 @@ async fn a_post_reset_by_a_replica_after_reading_it_is_not_replayed_and_the_clie
 #[tokio::test]
 async fn a_post_reset_on_a_reused_upstream_connection_is_not_replayed_either() {
     let log = HitLog::new();
-    let (a, b, c) = (
-        Replica::local("A", &log),
-        Replica::local("B", &log),
-        Replica::local("C", &log),
-    );
+    let [a, b, c] = three_replicas(&log);
     let gw = gateway(&urls(&[&a, &b, &c]), "balance = \"round_robin\"", "");
     let (key, _) = gw.create_key("infer", &[]);
     // Warm a kept-alive connection to each replica, then A starts resetting: the next request

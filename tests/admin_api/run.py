@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 import urllib.parse
 
 import jsonschema
@@ -43,7 +42,8 @@ import openapi_spec_validator
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import Child, finish, free_port, tail  # noqa: E402  (tests/harness.py)
+from harness import (  # noqa: E402  (tests/harness.py)
+    CheckFailed, Child, Results, expect, expect_eq, finish, free_port, tail)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.join(ROOT, "tests", "admin_api")
@@ -61,42 +61,7 @@ HTTP_TIMEOUT = 20
 SCHEMATHESIS_TIMEOUT = 300
 
 
-class CheckFailed(Exception):
-    pass
-
-
-def expect(cond, message):
-    if not cond:
-        raise CheckFailed(message)
-
-
-def expect_eq(got, want, what):
-    if got != want:
-        raise CheckFailed(f"{what}: expected {want!r}, got {got!r}")
-
-
-class Results:
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def check(self, name, fn, *args):
-        try:
-            detail = fn(*args)
-        except Exception as e:  # a failed check never stops the others
-            self.failed += 1
-            print(f"FAIL  {name}: {e if isinstance(e, CheckFailed) else f'{type(e).__name__}: {e}'}", flush=True)
-            if not isinstance(e, CheckFailed):
-                traceback.print_exc(limit=3, file=sys.stdout)
-            return False
-        self.passed += 1
-        print(f"ok    {name}" + (f"  [{detail}]" if detail else ""), flush=True)
-        return True
-
-    def skip(self, name, why):
-        print(f"skip  {name}: {why}", flush=True)
-
-
-# ---- child processes ----------------------------------------------------------------------------
+# ---- tokens -----------------------------------------------------------------------------------
 
 def jwt_claims(token):
     p = token.split(".")[1]

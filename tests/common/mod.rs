@@ -541,14 +541,9 @@ fn complete_response(buf: &[u8]) -> Option<usize> {
     (buf.len() >= head + len).then_some(head + len)
 }
 
-fn parse_response(buf: &[u8]) -> Option<RawResponse> {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut resp = httparse::Response::new(&mut headers);
-    let httparse::Status::Complete(head) = resp.parse(buf).ok()? else {
-        return None;
-    };
-    let headers = resp
-        .headers
+/// Header names lowercased, values as text: how the test servers and clients record headers.
+pub fn header_pairs(headers: &[httparse::Header]) -> Vec<(String, String)> {
+    headers
         .iter()
         .map(|h| {
             (
@@ -556,7 +551,16 @@ fn parse_response(buf: &[u8]) -> Option<RawResponse> {
                 String::from_utf8_lossy(h.value).into_owned(),
             )
         })
-        .collect();
+        .collect()
+}
+
+fn parse_response(buf: &[u8]) -> Option<RawResponse> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut resp = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(head) = resp.parse(buf).ok()? else {
+        return None;
+    };
+    let headers = header_pairs(resp.headers);
     Some((resp.code?, headers, buf[head..].to_vec()))
 }
 

@@ -504,16 +504,7 @@ async fn read_request(
         let mut parsed = httparse::Request::new(&mut headers);
         match parsed.parse(buf) {
             Ok(httparse::Status::Complete(n)) => {
-                let hs: Vec<(String, String)> = parsed
-                    .headers
-                    .iter()
-                    .map(|h| {
-                        (
-                            h.name.to_ascii_lowercase(),
-                            String::from_utf8_lossy(h.value).into_owned(),
-                        )
-                    })
-                    .collect();
+                let hs = super::header_pairs(parsed.headers);
                 break (parsed.method?.to_string(), parsed.path?.to_string(), hs, n);
             }
             Ok(httparse::Status::Partial) => {}

@@ -287,16 +287,7 @@ async fn read_request(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Recorde
             let req = Recorded {
                 method: parsed.method?.to_string(),
                 target: parsed.path?.to_string(),
-                headers: parsed
-                    .headers
-                    .iter()
-                    .map(|h| {
-                        (
-                            h.name.to_ascii_lowercase(),
-                            String::from_utf8_lossy(h.value).into_owned(),
-                        )
-                    })
-                    .collect(),
+                headers: super::header_pairs(parsed.headers),
                 body: Vec::new(),
             };
             break (req, n);

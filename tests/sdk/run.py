@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -37,7 +36,8 @@ import zlib
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import Child, finish, free_port, tail  # noqa: E402  (tests/harness.py)
+from harness import (  # noqa: E402  (tests/harness.py)
+    CheckFailed, Child, Results, expect, expect_eq, finish, free_port, tail)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SDK_DIR = os.path.join(ROOT, "tests", "sdk")
@@ -60,25 +60,9 @@ demo = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(demo)
 
 
-class CheckFailed(Exception):
-    pass
-
-
 class RunTimeout(BaseException):
     """The whole-run limit: a BaseException, so no check can swallow it."""
 
-
-def expect(cond, message):
-    if not cond:
-        raise CheckFailed(message)
-
-
-def expect_eq(got, want, what):
-    if got != want:
-        raise CheckFailed(f"{what}: expected {want!r}, got {got!r}")
-
-
-# ---- child processes ---------------------------------------------------------------------------
 
 # ---- plain HTTP (for the provider's endpoints and exact status checks) --------------------------
 
@@ -281,32 +265,6 @@ audience = "{AUDIENCE}"
 
 
 # ---- the checks ---------------------------------------------------------------------------------
-
-class Results:
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def check(self, name, fn, *args):
-        try:
-            detail = fn(*args)
-        except Exception as e:  # a failed check never stops the others
-            self.failed += 1
-            msg = str(e) if isinstance(e, CheckFailed) else f"{type(e).__name__}: {e}"
-            print(f"FAIL  {name}: {msg}", flush=True)
-            if not isinstance(e, (CheckFailed, openai.APIError)):
-                traceback.print_exc(limit=3, file=sys.stdout)
-            return False
-        self.passed += 1
-        print(f"ok    {name}" + (f"  [{detail}]" if detail else ""), flush=True)
-        return True
-
-    def record(self, name, ok, detail=""):
-        """Counts a result decided elsewhere (a Node test, an aborted step)."""
-        def outcome():
-            expect(ok, detail or "failed")
-            return detail
-        self.check(name, outcome)
-
 
 def png_1x1():
     def chunk(kind, data):
@@ -772,7 +730,7 @@ def main():
 
     started = time.monotonic()
     tmp = tempfile.mkdtemp(prefix="portcullis-sdk-")
-    res = Results()
+    res = Results(quiet=(openai.APIError,))
     store = "Postgres" if (args.key_store or "").startswith("postgres") else "SQLite"
     print(f"openai (Python) {openai.__version__}; {store} key store; logs in {tmp}", flush=True)
     try:
