@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use crate::config::{AccessLogDestination, AccessLogSettings};
 use crate::proxy::RequestCtx;
-use crate::timefmt::rfc3339_millis;
+use crate::time::rfc3339_millis;
 
 /// Longest path logged; longer ones are cut (on a character boundary) so one request cannot
 /// write a megabyte line.

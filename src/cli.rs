@@ -1,15 +1,14 @@
 //! The command line of interface.md: `serve` and `keys create|list|revoke`.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
 use crate::auth::api_keys::{self, KeyRecord};
-use crate::auth::unix_now;
+use crate::time::{parse_lifetime, unix_now};
 use crate::config::Config;
 use crate::server::{self, ServeOptions};
-use crate::timefmt::rfc3339;
+use crate::time::rfc3339;
 
 #[derive(Parser)]
 #[command(
@@ -198,7 +197,7 @@ fn record_event(config: &std::path::Path, event: &str, key_id: &str) {
     };
     let user = std::env::var("USER").ok();
     let mut line = serde_json::to_vec(&serde_json::json!({
-        "time": crate::timefmt::rfc3339_millis(std::time::SystemTime::now()),
+        "time": crate::time::rfc3339_millis(std::time::SystemTime::now()),
         // Every line has an id, so tools that index the log by it take these too.
         "request_id": crate::proxy::RequestId::from_client_or_new(None).as_str(),
         "service": "_cli",
@@ -221,10 +220,8 @@ fn record_event(config: &std::path::Path, event: &str, key_id: &str) {
 
 fn validate_scopes(scopes: Vec<String>) -> Result<Vec<String>, String> {
     for s in &scopes {
-        if !crate::auth::is_scope_token(s) {
-            return Err(format!(
-                "--scopes: {s:?} is not a scope (printable ASCII without spaces, quotes or backslashes)"
-            ));
+        if let Err(e) = s.parse::<crate::scope::Scope>() {
+            return Err(format!("--scopes: {s:?} {e}"));
         }
     }
     Ok(scopes)
@@ -251,92 +248,4 @@ fn print_keys(keys: &[KeyRecord]) {
 
 fn time_or(t: Option<i64>, none: &str) -> String {
     t.map(rfc3339).unwrap_or_else(|| none.to_string())
-}
-
-/// `30s`, `15m`, `12h`, `90d`: a whole positive number and one unit.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("{s:?} is not a duration like 30s, 15m, 12h or 90d");
-    // Split off the last character, not byte: the input is whatever the user typed.
-    let unit = s.chars().next_back().ok_or_else(bad)?;
-    let digits = &s[..s.len() - unit.len_utf8()];
-    let unit_secs = match unit {
-        's' => 1,
-        'm' => 60,
-        'h' => 3600,
-        'd' => 86_400,
-        _ => return Err(bad()),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
-    }
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    if n == 0 {
-        return Err(bad());
-    }
-    n.checked_mul(unit_secs)
-        .map(Duration::from_secs)
-        .ok_or_else(bad)
-}
-
-/// The last second of the year 9999 (UTC): RFC 3339 times have four-digit years.
-pub const MAX_EXPIRY: i64 = 253_402_300_799;
-
-/// A key lifetime from `now`: a duration that ends by the year 9999.
-pub fn parse_lifetime(s: &str, now: i64) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
-    let fits = i64::try_from(d.as_secs())
-        .ok()
-        .and_then(|secs| now.checked_add(secs))
-        .is_some_and(|at| at <= MAX_EXPIRY);
-    if !fits {
-        return Err(format!("{s:?} would end after the year 9999"));
-    }
-    Ok(d)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
-        assert_eq!(parse_duration("12h"), Ok(Duration::from_secs(43_200)));
-        assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(7_776_000)));
-        for bad in [
-            "",
-            "s",
-            "10",
-            "0s",
-            "-5m",
-            "+5m",
-            "1.5h",
-            "10w",
-            "99999999999999999999d",
-            "5é",
-            "é",
-            "1ds",
-            "٣s",
-        ] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn lifetimes_end_by_the_year_9999() {
-        let now = 1_800_000_000;
-        assert_eq!(
-            parse_lifetime("90d", now),
-            Ok(Duration::from_secs(7_776_000))
-        );
-        for past_9999 in ["10000000000000000000s", "3000000d", "18446744073709551615s"] {
-            let err = parse_lifetime(past_9999, now).unwrap_err();
-            assert!(err.contains("9999"), "{past_9999}: {err}");
-        }
-        let last = (MAX_EXPIRY - now).to_string() + "s";
-        assert!(parse_lifetime(&last, now).is_ok());
-        let one_more = (MAX_EXPIRY - now + 1).to_string() + "s";
-        assert!(parse_lifetime(&one_more, now).is_err());
-    }
 }

@@ -235,7 +235,7 @@ pub fn config_loader(data: &[u8]) {
             assert!(!config.services.is_empty());
             for s in &config.services {
                 assert!(!s.name.is_empty() && !s.name.starts_with('_'));
-                assert!(crate::auth::is_scope_token(&s.scope));
+                assert!(crate::scope::Scope::is_token(&s.scope));
             }
             for addr in &config.server.listen {
                 assert!(addr.parse::<std::net::SocketAddr>().is_ok());

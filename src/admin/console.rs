@@ -39,8 +39,8 @@ impl Console {
         let issuer = jwt.map(|j| j.issuer.as_str()).unwrap_or("");
         let mut scopes = vec!["openid".to_string()];
         for s in &config.services {
-            if !scopes.contains(&s.scope) {
-                scopes.push(s.scope.clone());
+            if !scopes.iter().any(|have| have == &*s.scope) {
+                scopes.push(s.scope.to_string());
             }
         }
         let gateway = config

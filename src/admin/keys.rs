@@ -8,8 +8,10 @@ use super::reply::Reply;
 use super::KeyEvent;
 use crate::auth::api_keys::{create_owned_key, KeyEvictor, KeyRecord, KeySpec, KeyStore};
 use crate::auth::token::KeyId;
-use crate::auth::{is_scope_token, unix_now, Principal};
-use crate::timefmt::rfc3339;
+use crate::auth::Principal;
+use crate::scope::Scope;
+use crate::time::{parse_lifetime, unix_now};
+use crate::time::rfc3339;
 
 /// Longest key name, in characters: it is a label for people, shown in lists.
 const MAX_NAME_CHARS: usize = 64;
@@ -232,10 +234,8 @@ fn take_scopes(fields: &mut Map<String, Value>) -> Result<Vec<String>, String> {
         let Value::String(s) = item else {
             return Err(format!("scopes[{i}] must be a string"));
         };
-        if !is_scope_token(&s) {
-            return Err(format!(
-                "scopes[{i}] is not a scope (printable ASCII without spaces, quotes or backslashes)"
-            ));
+        if let Err(e) = s.parse::<Scope>() {
+            return Err(format!("scopes[{i}] {e}"));
         }
         if scopes.contains(&s) {
             return Err(format!("scopes[{i}] repeats an earlier scope"));
@@ -250,7 +250,7 @@ fn lifetime(s: &str) -> Result<std::time::Duration, String> {
     if s.len() > 24 {
         return Err(SHAPE.into());
     }
-    crate::cli::parse_lifetime(s, unix_now()).map_err(|_| SHAPE.into())
+    parse_lifetime(s, unix_now()).map_err(|_| SHAPE.into())
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use super::{KeyEvent, SERVICE_LABEL};
 use crate::access_log::path_only;
 use crate::auth::{AuthFailure, Principal};
 use crate::errors::GatewayError;
-use crate::timefmt::rfc3339_millis;
+use crate::time::rfc3339_millis;
 
 /// Bodies on the admin listener are a name and a few scopes: anything larger is not ours.
 pub const MAX_BODY: usize = 16 * 1024;

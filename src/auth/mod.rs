@@ -88,20 +88,3 @@ impl Authenticator {
         }
     }
 }
-
-/// One scope as RFC 6749 §3.3 defines a scope-token: printable ASCII without space, `"` or
-/// `\`. Scopes are compared whole and a token's list splits on spaces, so a scope holding a
-/// space could never match.
-pub fn is_scope_token(scope: &str) -> bool {
-    !scope.is_empty()
-        && scope
-            .bytes()
-            .all(|b| matches!(b, 0x21 | 0x23..=0x5b | 0x5d..=0x7e))
-}
-
-pub fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}

@@ -1,6 +1,7 @@
 //! `[admin]`: the key-management API the console calls, and the reference console page.
 
 use super::{file, Config, Validator};
+use crate::scope::Scope;
 
 #[derive(Debug, Clone)]
 pub struct AdminSettings {
@@ -33,11 +34,8 @@ impl Validator<'_> {
             self.problem("admin", "needs [auth.api_keys]: there is no key store");
         }
         let admin_scope = a.admin_scope.unwrap_or_else(|| "portcullis:admin".into());
-        if !crate::auth::is_scope_token(&admin_scope) {
-            self.problem(
-                "admin.admin_scope",
-                "is not a scope (printable ASCII without spaces, quotes or backslashes)",
-            );
+        if let Err(e) = admin_scope.parse::<Scope>() {
+            self.problem("admin.admin_scope", e);
         }
         let mut allowed_origins = Vec::new();
         for origin in a.allowed_origins.unwrap_or_default() {

@@ -15,6 +15,7 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 
 use crate::model_policy::Models;
+use crate::scope::Scope;
 
 pub use admin::AdminSettings;
 pub use env::expand as expand_env;
@@ -109,7 +110,7 @@ pub struct JwtSettings {
 pub struct ServiceConfig {
     /// The `<service>` segment of `/v1/<service>/...`.
     pub name: String,
-    pub scope: String,
+    pub scope: Scope,
     /// One or more; all share a scheme and a base path.
     pub replicas: Vec<Upstream>,
     pub balancing: Balancing,
@@ -629,15 +630,16 @@ impl Validator<'_> {
             self.problem(&key, "a service name may not start with `_`");
         }
         let balancing = self.balancing(&key, &s);
-        let scope = s.scope.filter(|s| !s.is_empty());
-        match &scope {
-            None => self.problem(&format!("{key}.scope"), "is required"),
-            Some(scope) if !crate::auth::is_scope_token(scope) => self.problem(
-                &format!("{key}.scope"),
-                "must be one scope: printable ASCII without spaces, quotes or backslashes",
-            ),
-            Some(_) => {}
-        }
+        let scope = match s.scope.filter(|s| !s.is_empty()) {
+            None => {
+                self.problem(&format!("{key}.scope"), "is required");
+                None
+            }
+            Some(scope) => scope
+                .parse::<Scope>()
+                .map_err(|e| self.problem(&format!("{key}.scope"), e))
+                .ok(),
+        };
         let replicas = self.replicas(&key, s.upstream.as_ref(), own_dns);
         let mut upstream_headers = Vec::new();
         for (header, value) in &s.upstream_headers {

@@ -17,7 +17,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::token::{KeyId, API_KEY_PREFIX};
-use super::{unix_now, Principal, PrincipalKind};
+use super::{Principal, PrincipalKind};
+use crate::time::unix_now;
 use outage::StoreHealth;
 pub use push::RevocationPush;
 pub use store::{open_store, KeyRecord, KeyStore, SqliteStore, StoreError, StoredKey};

@@ -183,7 +183,7 @@ async fn migrate(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), S
         sqlx::raw_sql(sql).execute(&mut **tx).await?;
         sqlx::query("INSERT INTO portcullis_migrations (version, applied_at) VALUES ($1, $2)")
             .bind(version)
-            .bind(crate::auth::unix_now())
+            .bind(crate::time::unix_now())
             .execute(&mut **tx)
             .await?;
         log::info!("key store: applied schema migration {version}");

@@ -5,6 +5,8 @@ use std::collections::BTreeSet;
 
 use serde::Deserialize;
 
+use crate::scope::Scope;
+
 #[derive(Deserialize)]
 pub(crate) struct Claims {
     pub sub: String,
@@ -49,7 +51,7 @@ impl Claims {
         // Only well-formed scope tokens (RFC 6749 §3.3): an array element such as "\nx" or
         // "a b" is not a scope (fuzzing found one carried through as given).
         all.into_iter()
-            .filter(|s| crate::auth::is_scope_token(s))
+            .filter(|s| Scope::is_token(s))
             .map(Box::from)
             .collect()
     }

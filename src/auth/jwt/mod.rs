@@ -17,7 +17,8 @@ use moka::Expiry;
 use sha2::{Digest, Sha256};
 
 use super::token::MAX_TOKEN_LEN;
-use super::{unix_now, Principal, PrincipalKind};
+use super::{Principal, PrincipalKind};
+use crate::time::unix_now;
 use crate::config::JwtSettings;
 use claims::Claims;
 use keys::KeySet;

@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use super::JwtVerifier;
-use crate::auth::{unix_now, PrincipalKind};
+use crate::auth::PrincipalKind;
+use crate::time::unix_now;
 use crate::config::JwtSettings;
 use idp::*;
 

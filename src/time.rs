@@ -1,0 +1,141 @@
+//! Time as the gateway shows and reads it, without a date crate: UTC RFC 3339 timestamps (key
+//! listings, the access log), the clock in unix seconds, and the `30s`/`15m`/`12h`/`90d`
+//! durations of the CLI and the key API.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Now, in unix seconds.
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// `2026-01-05T10:11:12Z` from unix seconds.
+pub fn rfc3339(secs: i64) -> String {
+    let (y, mo, d, h, mi, s) = civil(secs);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+/// `2026-01-05T10:11:12.345Z`: one formatting pass, since the access log calls it per request.
+pub fn rfc3339_millis(t: SystemTime) -> String {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let (y, mo, d, h, mi, s) = civil(since.as_secs() as i64);
+    let ms = since.subsec_millis();
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{ms:03}Z")
+}
+
+/// Year, month, day, hour, minute, second (Howard Hinnant's civil-from-days).
+fn civil(secs: i64) -> (i64, i64, i64, i64, i64, i64) {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day, rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+
+/// `30s`, `15m`, `12h`, `90d`: a whole positive number and one unit.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration like 30s, 15m, 12h or 90d");
+    // Split off the last character, not byte: the input is whatever the user typed.
+    let unit = s.chars().next_back().ok_or_else(bad)?;
+    let digits = &s[..s.len() - unit.len_utf8()];
+    let unit_secs = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return Err(bad()),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    if n == 0 {
+        return Err(bad());
+    }
+    n.checked_mul(unit_secs)
+        .map(Duration::from_secs)
+        .ok_or_else(bad)
+}
+
+/// The last second of the year 9999 (UTC): RFC 3339 times have four-digit years.
+pub const MAX_EXPIRY: i64 = 253_402_300_799;
+
+/// A key lifetime from `now`: a duration that ends by the year 9999.
+pub fn parse_lifetime(s: &str, now: i64) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    let fits = i64::try_from(d.as_secs())
+        .ok()
+        .and_then(|secs| now.checked_add(secs))
+        .is_some_and(|at| at <= MAX_EXPIRY);
+    if !fits {
+        return Err(format!("{s:?} would end after the year 9999"));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_utc_times() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_000_000), "2026-11-18T11:06:40Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::from_millis(1_795_000_000_042);
+        assert_eq!(rfc3339_millis(t), "2026-11-18T11:06:40.042Z");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("12h"), Ok(Duration::from_secs(43_200)));
+        assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(7_776_000)));
+        for bad in [
+            "",
+            "s",
+            "10",
+            "0s",
+            "-5m",
+            "+5m",
+            "1.5h",
+            "10w",
+            "99999999999999999999d",
+            "5é",
+            "é",
+            "1ds",
+            "٣s",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn lifetimes_end_by_the_year_9999() {
+        let now = 1_800_000_000;
+        assert_eq!(
+            parse_lifetime("90d", now),
+            Ok(Duration::from_secs(7_776_000))
+        );
+        for past_9999 in ["10000000000000000000s", "3000000d", "18446744073709551615s"] {
+            let err = parse_lifetime(past_9999, now).unwrap_err();
+            assert!(err.contains("9999"), "{past_9999}: {err}");
+        }
+        let last = (MAX_EXPIRY - now).to_string() + "s";
+        assert!(parse_lifetime(&last, now).is_ok());
+        let one_more = (MAX_EXPIRY - now + 1).to_string() + "s";
+        assert!(parse_lifetime(&one_more, now).is_err());
+    }
+}
