@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::auth::api_keys::{self, KeyRecord};
-use crate::time::{parse_lifetime, unix_now};
 use crate::config::Config;
 use crate::server::{self, ServeOptions};
 use crate::time::rfc3339;
+use crate::time::{parse_lifetime, unix_now};
 
 #[derive(Parser)]
 #[command(

@@ -13,8 +13,7 @@ pub struct Scope(Box<str>);
 impl Scope {
     pub fn is_token(s: &str) -> bool {
         !s.is_empty()
-            && s
-                .bytes()
+            && s.bytes()
                 .all(|b| matches!(b, 0x21 | 0x23..=0x5b | 0x5d..=0x7e))
     }
 }

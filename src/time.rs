@@ -42,7 +42,6 @@ fn civil(secs: i64) -> (i64, i64, i64, i64, i64, i64) {
     (year, month, day, rem / 3600, rem / 60 % 60, rem % 60)
 }
 
-
 /// `30s`, `15m`, `12h`, `90d`: a whole positive number and one unit.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("{s:?} is not a duration like 30s, 15m, 12h or 90d");

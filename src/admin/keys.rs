@@ -10,8 +10,8 @@ use crate::auth::api_keys::{create_owned_key, KeyEvictor, KeyRecord, KeySpec, Ke
 use crate::auth::token::KeyId;
 use crate::auth::Principal;
 use crate::scope::Scope;
-use crate::time::{parse_lifetime, unix_now};
 use crate::time::rfc3339;
+use crate::time::{parse_lifetime, unix_now};
 
 /// Longest key name, in characters: it is a label for people, shown in lists.
 const MAX_NAME_CHARS: usize = 64;

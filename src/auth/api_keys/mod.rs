@@ -2,9 +2,8 @@
 //! the store. The cache holds verifiers by key id, never secrets; its TTL is the revocation bound.
 
 mod outage;
-pub mod postgres;
 mod push;
-pub mod store;
+mod store;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +20,10 @@ use super::{Principal, PrincipalKind};
 use crate::time::unix_now;
 use outage::StoreHealth;
 pub use push::RevocationPush;
-pub use store::{open_store, KeyRecord, KeyStore, SqliteStore, StoreError, StoredKey};
+pub use store::{
+    check_postgres_url, is_postgres_url, open_store, KeyRecord, KeyStore, SqliteStore, StoreError,
+    StoredKey,
+};
 
 #[derive(Clone)]
 enum Entry {

@@ -12,7 +12,7 @@ use sqlx::postgres::PgListener;
 use std::sync::Arc;
 
 use super::outage::StoreHealth;
-use super::postgres::CHANNEL;
+use super::store::CHANNEL;
 use super::Entry;
 use crate::auth::token::KeyId;
 
@@ -101,7 +101,7 @@ impl RevocationPush {
     async fn listen(&self) -> Result<PgListener, sqlx::Error> {
         // One attempt, promptly: the listener's own pool would otherwise retry for 30 s
         // before telling that the store is down.
-        let options = super::postgres::check_url(&self.url)
+        let options = super::store::check_postgres_url(&self.url)
             .map_err(|e| sqlx::Error::Configuration(e.into()))?;
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)

@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 
 use super::token::MAX_TOKEN_LEN;
 use super::{Principal, PrincipalKind};
-use crate::time::unix_now;
 use crate::config::JwtSettings;
+use crate::time::unix_now;
 use claims::Claims;
 use keys::KeySet;
 pub use keys::MAX_KID_LEN;

@@ -17,8 +17,8 @@ use tokio::net::TcpListener;
 
 use super::JwtVerifier;
 use crate::auth::PrincipalKind;
-use crate::time::unix_now;
 use crate::config::JwtSettings;
+use crate::time::unix_now;
 use idp::*;
 
 fn settings(idp: &Idp) -> JwtSettings {

@@ -3,17 +3,20 @@
 //! Same rows and semantics as the SQLite store. The schema is applied by numbered migrations
 //! under a transaction-level advisory lock, so gateways and CLIs starting at once take turns.
 //! A revoke notifies `CHANNEL` in the same transaction (delivered on commit), which every
-//! gateway LISTENs to (see `push.rs`).
+//! gateway LISTENs to (see `api_keys/push.rs`).
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Connection, PgConnection, Row};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection};
 
-use super::store::{KeyRecord, KeyStore, StoreError, StoredKey};
+use super::{
+    newer_than_known, record, stored, KeyRecord, KeyStore, StoreError, StoredKey, MIGRATIONS,
+    MIGRATIONS_TABLE,
+};
 
 /// The NOTIFY channel a revoke is announced on; the payload is the key id.
 pub const CHANNEL: &str = "portcullis_key_revoked";
@@ -23,28 +26,6 @@ const MIGRATION_LOCK: i64 = 0x504f_5254_4355_4c4c;
 
 /// The first key of the two-key advisory lock that serialises one owner's creates.
 const OWNER_LOCK: i32 = 0x5043_4b4f; // "PCKO"
-
-/// Numbered schema steps, applied once each, in order. Never edit a released step: add one.
-const MIGRATIONS: &[(i64, &str)] = &[
-    (
-        1,
-        "CREATE TABLE IF NOT EXISTS api_keys (
-            key_id      TEXT PRIMARY KEY,
-            name        TEXT NOT NULL,
-            verifier    BYTEA NOT NULL,
-            scopes      TEXT NOT NULL,
-            created_at  BIGINT NOT NULL,
-            expires_at  BIGINT,
-            revoked_at  BIGINT
-        )",
-    ),
-    // Key ownership, for the key API (`owner` is the creator's JWT `sub`).
-    (
-        2,
-        "ALTER TABLE api_keys ADD COLUMN IF NOT EXISTS owner TEXT;
-         CREATE INDEX IF NOT EXISTS api_keys_owner ON api_keys (owner);",
-    ),
-];
 
 /// Whether a `database` URL names a Postgres server rather than a SQLite file.
 pub fn is_url(database: &str) -> bool {
@@ -165,50 +146,23 @@ async fn migrate(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), S
         .bind(MIGRATION_LOCK)
         .execute(&mut **tx)
         .await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS portcullis_migrations (
-            version    BIGINT PRIMARY KEY,
-            applied_at BIGINT NOT NULL
-        )",
-    )
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query(MIGRATIONS_TABLE).execute(&mut **tx).await?;
     let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM portcullis_migrations")
         .fetch_all(&mut **tx)
         .await?;
-    for &(version, sql) in MIGRATIONS {
-        if applied.contains(&version) {
-            continue;
-        }
-        sqlx::raw_sql(sql).execute(&mut **tx).await?;
+    for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+        sqlx::raw_sql(m.postgres).execute(&mut **tx).await?;
         sqlx::query("INSERT INTO portcullis_migrations (version, applied_at) VALUES ($1, $2)")
-            .bind(version)
+            .bind(m.version)
             .bind(crate::time::unix_now())
             .execute(&mut **tx)
             .await?;
-        log::info!("key store: applied schema migration {version}");
+        log::info!("key store: applied schema migration {}", m.version);
     }
-    if let Some(newer) = applied
-        .iter()
-        .filter(|v| **v > MIGRATIONS.len() as i64)
-        .max()
-    {
+    if let Some(newer) = newer_than_known(&applied) {
         log::warn!("key store schema is at version {newer}, newer than this binary knows");
     }
     Ok(())
-}
-
-fn record(row: &PgRow) -> Result<KeyRecord, sqlx::Error> {
-    let scopes: String = row.try_get("scopes")?;
-    Ok(KeyRecord {
-        key_id: row.try_get("key_id")?,
-        name: row.try_get("name")?,
-        scopes: scopes.split_whitespace().map(str::to_string).collect(),
-        created_at: row.try_get("created_at")?,
-        expires_at: row.try_get("expires_at")?,
-        revoked_at: row.try_get("revoked_at")?,
-        owner: row.try_get("owner")?,
-    })
 }
 
 #[async_trait]
@@ -219,14 +173,7 @@ impl KeyStore for PgStore {
             .bind(key_id)
             .fetch_optional(&self.pool)
             .await?;
-        let Some(row) = row else { return Ok(None) };
-        let verifier: Vec<u8> = row.try_get("verifier")?;
-        Ok(Some(StoredKey {
-            record: record(&row)?,
-            verifier: verifier
-                .try_into()
-                .map_err(|_| "stored verifier has the wrong length")?,
-        }))
+        row.as_ref().map(stored).transpose()
     }
 
     async fn insert(&self, key: &StoredKey) -> Result<(), StoreError> {

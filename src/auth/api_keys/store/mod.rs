@@ -1,0 +1,181 @@
+//! Where API keys live: `sqlite.rs` on one host, `postgres.rs` for a fleet, behind one
+//! `KeyStore` trait, with the same rows, the same numbered migrations and one row mapping.
+//! Only a verifier (SHA-256 of the secret) is stored; revocation marks a row and never
+//! deletes it, so a key id is never reused and the audit trail stays.
+
+mod postgres;
+mod sqlite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+pub use postgres::{check_url as check_postgres_url, is_url as is_postgres_url, CHANNEL};
+pub use sqlite::SqliteStore;
+
+/// The store a `database` URL names: `sqlite://…` or `postgres://…`. `serving`: a gateway
+/// starts even when a Postgres server cannot be reached (a `keys` command fails instead).
+pub async fn open_store(database: &str, serving: bool) -> Result<Arc<dyn KeyStore>, StoreError> {
+    if postgres::is_url(database) {
+        Ok(Arc::new(if serving {
+            postgres::PgStore::open_for_serving(database).await?
+        } else {
+            postgres::PgStore::open(database).await?
+        }))
+    } else {
+        Ok(Arc::new(SqliteStore::open(database).await?))
+    }
+}
+
+/// A key as stored, without any secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub key_id: String,
+    pub name: String,
+    pub scopes: Vec<String>,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+    /// Who the key was made for: the JWT `sub` of its creator through the key API, or the
+    /// CLI's `--owner`; none for keys made without one.
+    pub owner: Option<String>,
+}
+
+impl KeyRecord {
+    /// Neither revoked nor expired at `now`: what counts against `max_keys_per_owner`.
+    pub fn is_active(&self, now: i64) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|at| at > now)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StoredKey {
+    pub record: KeyRecord,
+    pub verifier: [u8; 32],
+}
+
+pub type StoreError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The store the gateway and the `keys` CLI share; the same plain SQL on both databases.
+#[async_trait]
+pub trait KeyStore: Send + Sync {
+    async fn find(&self, key_id: &str) -> Result<Option<StoredKey>, StoreError>;
+    async fn insert(&self, key: &StoredKey) -> Result<(), StoreError>;
+    async fn list(&self) -> Result<Vec<KeyRecord>, StoreError>;
+    /// The keys of one owner. The stores filter in SQL; this default is for test stores.
+    async fn list_by_owner(&self, owner: &str) -> Result<Vec<KeyRecord>, StoreError> {
+        let mut keys = self.list().await?;
+        keys.retain(|k| k.owner.as_deref() == Some(owner));
+        Ok(keys)
+    }
+    /// Inserts `key` unless its owner already has `cap` active keys at `now` (then false).
+    /// The stores count and insert atomically, so concurrent creates cannot pass the cap;
+    /// this default (count, then insert) is for test stores.
+    async fn insert_capped(&self, key: &StoredKey, cap: u32, now: i64) -> Result<bool, StoreError> {
+        if let Some(owner) = &key.record.owner {
+            let keys = self.list_by_owner(owner).await?;
+            if keys.iter().filter(|k| k.is_active(now)).count() >= cap as usize {
+                return Ok(false);
+            }
+        }
+        self.insert(key).await?;
+        Ok(true)
+    }
+    /// Marks the key revoked at `at`; false if no such key. Revoking twice keeps the first time.
+    async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError>;
+}
+
+/// One schema step, numbered the same on both stores, in each database's dialect.
+struct Migration {
+    version: i64,
+    sqlite: &'static str,
+    postgres: &'static str,
+}
+
+/// Applied once each, in order, and recorded in `portcullis_migrations` on both stores.
+/// Never edit a released step: add one.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sqlite: "CREATE TABLE IF NOT EXISTS api_keys (
+            key_id      TEXT PRIMARY KEY,
+            name        TEXT NOT NULL,
+            verifier    BLOB NOT NULL,
+            scopes      TEXT NOT NULL,
+            created_at  BIGINT NOT NULL,
+            expires_at  BIGINT,
+            revoked_at  BIGINT
+        )",
+        postgres: "CREATE TABLE IF NOT EXISTS api_keys (
+            key_id      TEXT PRIMARY KEY,
+            name        TEXT NOT NULL,
+            verifier    BYTEA NOT NULL,
+            scopes      TEXT NOT NULL,
+            created_at  BIGINT NOT NULL,
+            expires_at  BIGINT,
+            revoked_at  BIGINT
+        )",
+    },
+    // Key ownership, for the key API (`owner` is the creator's JWT `sub`).
+    Migration {
+        version: 2,
+        sqlite: "ALTER TABLE api_keys ADD COLUMN owner TEXT;
+            CREATE INDEX IF NOT EXISTS api_keys_owner ON api_keys (owner);",
+        postgres: "ALTER TABLE api_keys ADD COLUMN IF NOT EXISTS owner TEXT;
+            CREATE INDEX IF NOT EXISTS api_keys_owner ON api_keys (owner);",
+    },
+];
+
+/// Where both stores record the steps they applied.
+const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS portcullis_migrations (
+    version    BIGINT PRIMARY KEY,
+    applied_at BIGINT NOT NULL
+)";
+
+/// The newest version recorded that this binary does not know, if any: worth a warning.
+fn newer_than_known(applied: &[i64]) -> Option<i64> {
+    let known = MIGRATIONS.last().map_or(0, |m| m.version);
+    applied.iter().copied().filter(|&v| v > known).max()
+}
+
+/// A row of `api_keys` as a record, on either database.
+fn record<R>(row: &R) -> Result<KeyRecord, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'d> String: Decode<'d, R::Database> + Type<R::Database>,
+    for<'d> i64: Decode<'d, R::Database> + Type<R::Database>,
+{
+    let scopes: String = row.try_get("scopes")?;
+    Ok(KeyRecord {
+        key_id: row.try_get("key_id")?,
+        name: row.try_get("name")?,
+        scopes: scopes.split_whitespace().map(str::to_string).collect(),
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+        revoked_at: row.try_get("revoked_at")?,
+        owner: row.try_get("owner")?,
+    })
+}
+
+/// A row of `api_keys` with its verifier, on either database.
+fn stored<R>(row: &R) -> Result<StoredKey, StoreError>
+where
+    R: Row,
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'d> String: Decode<'d, R::Database> + Type<R::Database>,
+    for<'d> i64: Decode<'d, R::Database> + Type<R::Database>,
+    for<'d> Vec<u8>: Decode<'d, R::Database> + Type<R::Database>,
+{
+    let verifier: Vec<u8> = row.try_get("verifier")?;
+    Ok(StoredKey {
+        record: record(row)?,
+        verifier: verifier
+            .try_into()
+            .map_err(|_| "stored verifier has the wrong length")?,
+    })
+}
+
+#[cfg(test)]
+mod tests;
