@@ -4,11 +4,11 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::access_log::{KeyEventFields, Record};
 use crate::auth::api_keys::{self, KeyRecord};
 use crate::config::Config;
 use crate::server::{self, ServeOptions};
-use crate::time::rfc3339;
-use crate::time::{parse_lifetime, unix_now};
+use crate::time::{parse_lifetime, rfc3339, unix_now};
 
 #[derive(Parser)]
 #[command(
@@ -190,24 +190,28 @@ fn keys(command: KeysCommand) -> Result<(), String> {
 /// Appends a create or revoke to the access-log file the config names, like the key API's
 /// lines (`service: "_cli"`, the key id, never a secret), so every key event is on record.
 /// One `write` of one line to a file opened for appending, so it never splits a gateway's line.
-fn record_event(config: &std::path::Path, event: &str, key_id: &str) {
+fn record_event(config: &std::path::Path, event: &'static str, key_id: &str) {
     use std::io::Write;
     let Some(path) = Config::access_log_file_from(config) else {
         return;
     };
     let user = std::env::var("USER").ok();
-    let mut line = serde_json::to_vec(&serde_json::json!({
-        "time": crate::time::rfc3339_millis(std::time::SystemTime::now()),
-        // Every line has an id, so tools that index the log by it take these too.
-        "request_id": crate::proxy::RequestId::from_client_or_new(None).as_str(),
-        "service": "_cli",
-        "key_event": event,
-        "key_id": key_id,
-        "principal_kind": "cli",
-        "principal_id": user,
-    }))
-    .unwrap_or_default();
-    line.push(b'\n');
+    // Every line has an id, so tools that index the log by it take these too.
+    let request_id = crate::proxy::RequestId::from_client_or_new(None);
+    let line = Record {
+        time: crate::time::rfc3339_millis(std::time::SystemTime::now()),
+        request_id: request_id.as_str(),
+        service: "_cli",
+        principal_kind: Some("cli"),
+        principal_id: user.as_deref(),
+        http: None,
+        proxied: None,
+        key_event: Some(KeyEventFields {
+            key_event: event,
+            key_id,
+        }),
+    }
+    .to_line();
     let written = std::fs::OpenOptions::new()
         .append(true)
         .create(true)

@@ -17,7 +17,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::access_log::{path_only, Entry};
+use crate::access_log::{path_only, HttpFields, ProxiedFields, Record};
 use crate::auth::jwt::{check_header, claims::Claims, MAX_KID_LEN};
 use crate::auth::token::{self, Bearer, KeyId, API_KEY_PREFIX, KEY_ID_LEN, SECRET_LEN};
 use crate::config::Config;
@@ -259,25 +259,30 @@ pub fn config_loader(data: &[u8]) {
 pub fn access_log_json(data: &[u8]) {
     let path = path_only(data);
     let id = String::from_utf8_lossy(&data[..data.len().min(16)]);
-    let entry = Entry {
+    let entry = Record {
         time: "2026-01-01T00:00:00.000Z".into(),
         request_id: &id,
-        method: "GET",
         service: "_unknown",
-        path: Cow::Borrowed(&path),
-        status: 200,
-        duration_ms: 1.5,
-        upstream_ttfb_ms: None,
-        bytes_in: 0,
-        bytes_out: 0,
-        client: None,
         principal_kind: None,
         principal_id: Some(&id),
-        auth_failure: None,
-        model: Some(&id),
-        prompt_tokens: Some(1),
-        completion_tokens: None,
-        replica: Some(&id),
+        http: Some(HttpFields {
+            method: "GET",
+            path: Cow::Borrowed(&path),
+            status: 200,
+            duration_ms: 1.5,
+            client: None,
+            auth_failure: None,
+        }),
+        proxied: Some(ProxiedFields {
+            upstream_ttfb_ms: None,
+            bytes_in: 0,
+            bytes_out: 0,
+            model: Some(&id),
+            prompt_tokens: Some(1),
+            completion_tokens: None,
+            replica: Some(&id),
+        }),
+        key_event: None,
     };
     let line = entry.to_line();
     assert_eq!(line.last(), Some(&b'\n'));

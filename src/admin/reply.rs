@@ -1,15 +1,13 @@
 //! Responses of the admin listener, its request bodies, and its access-log lines.
 
 use std::borrow::Cow;
-use std::net::IpAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::ServerSession;
-use serde::Serialize;
 
 use super::{KeyEvent, SERVICE_LABEL};
-use crate::access_log::path_only;
+use crate::access_log::{millis, path_only, HttpFields, KeyEventFields, Record};
 use crate::auth::{AuthFailure, Principal};
 use crate::errors::GatewayError;
 use crate::time::rfc3339_millis;
@@ -178,26 +176,6 @@ pub async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
     }
 }
 
-/// One admin request as logged: the data plane's fields, plus what happened to which key.
-/// Never a token, a key's secret, a query or a body.
-#[derive(Serialize)]
-struct Entry<'a> {
-    time: String,
-    request_id: &'a str,
-    method: &'a str,
-    service: &'a str,
-    path: Cow<'a, str>,
-    status: u16,
-    duration_ms: f64,
-    client: Option<IpAddr>,
-    principal_kind: Option<&'static str>,
-    principal_id: Option<&'a str>,
-    auth_failure: Option<&'static str>,
-    /// `created` or `revoked`, when the request did either.
-    key_event: Option<&'static str>,
-    key_id: Option<&'a str>,
-}
-
 pub fn log_line(
     session: &ServerSession,
     request_id: &str,
@@ -209,25 +187,28 @@ pub fn log_line(
 ) -> Vec<u8> {
     let elapsed = start.elapsed();
     let req = session.req_header();
-    let entry = Entry {
+    Record {
         time: rfc3339_millis(SystemTime::now() - elapsed),
         request_id,
-        method: req.method.as_str(),
         service: SERVICE_LABEL,
-        path: path_only(req.raw_path()),
-        status,
-        duration_ms: (elapsed.as_secs_f64() * 1e6).round() / 1e3,
-        client: session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip()),
         principal_kind: principal.map(|p| p.kind.as_str()),
         principal_id: principal.map(|p| &*p.id),
-        auth_failure: auth_failure.map(|f| f.as_str()),
-        key_event: event.map(|e| e.event),
-        key_id: event.map(|e| e.key_id.as_str()),
-    };
-    let mut line = serde_json::to_vec(&entry).unwrap_or_default();
-    line.push(b'\n');
-    line
+        http: Some(HttpFields {
+            method: req.method.as_str(),
+            path: path_only(req.raw_path()),
+            status,
+            duration_ms: millis(elapsed),
+            client: session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip()),
+            auth_failure: auth_failure.map(|f| f.as_str()),
+        }),
+        proxied: None,
+        key_event: event.map(|e| KeyEventFields {
+            key_event: e.event,
+            key_id: e.key_id.as_str(),
+        }),
+    }
+    .to_line()
 }

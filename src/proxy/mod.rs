@@ -4,6 +4,7 @@
 mod context;
 mod headers;
 pub mod openai;
+mod record;
 pub(crate) mod upstream;
 
 use std::sync::Arc;
@@ -530,7 +531,7 @@ impl ProxyHttp for Gateway {
             let replica = (ctx.route)
                 .zip(ctx.replica.as_ref())
                 .map(|(route, chosen)| self.replicas[route].label(chosen.index));
-            let line = access_log::Entry::new(session, ctx, service, status, replica).to_line();
+            let line = record::access_line(session, ctx, service, status, replica);
             if !self.access_log.send(line) {
                 self.metrics.access_log_dropped();
             }

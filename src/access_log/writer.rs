@@ -1,132 +1,21 @@
-//! The access log: one JSON line per request, local responses included.
-//!
-//! `logging()` formats the line and hands it to a dedicated writer thread over a bounded
-//! channel, so a slow disk or a blocked stdout never stalls a request: when the channel is
-//! full the line is dropped (and counted in `portcullis_access_log_dropped_total`).
-//! A file destination is reopened on SIGHUP (for logrotate) and can rotate itself by size.
+//! The writer: lines handed over a bounded channel to a dedicated thread, so a slow disk or a
+//! blocked stdout never stalls a request; when the channel is full the line is dropped (and
+//! counted). A file destination is reopened on SIGHUP (for logrotate) and can rotate itself by
+//! size.
 
-use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use pingora::proxy::Session;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use serde::Serialize;
 
 use crate::config::{AccessLogDestination, AccessLogSettings};
-use crate::proxy::RequestCtx;
-use crate::time::rfc3339_millis;
-
-/// Longest path logged; longer ones are cut (on a character boundary) so one request cannot
-/// write a megabyte line.
-const MAX_PATH: usize = 2048;
-
-/// One request as logged. Never a token, secret, upstream credential, query or body.
-#[derive(Serialize)]
-pub struct Entry<'a> {
-    /// When the request started: RFC 3339, UTC, milliseconds.
-    pub time: String,
-    pub request_id: &'a str,
-    pub method: &'a str,
-    /// The bounded metrics label: a registered service, `_local` or `_unknown`.
-    pub service: &'a str,
-    /// The request path without its query string.
-    pub path: Cow<'a, str>,
-    /// 0 when no response was sent (the client left first).
-    pub status: u16,
-    pub duration_ms: f64,
-    pub upstream_ttfb_ms: Option<f64>,
-    /// Request body bytes read from the client.
-    pub bytes_in: u64,
-    /// Response body bytes sent to the client.
-    pub bytes_out: u64,
-    pub client: Option<IpAddr>,
-    /// `api_key` or `jwt`, once authenticated.
-    pub principal_kind: Option<&'static str>,
-    /// The key id (never the secret) or the JWT `sub`.
-    pub principal_id: Option<&'a str>,
-    /// Why authentication failed: `missing`, `malformed`, `api_key` or `jwt`.
-    pub auth_failure: Option<&'static str>,
-    /// On `api = "openai"` chat/embeddings calls: the model after the policy, and the
-    /// usage the upstream reported; null when unknown.
-    pub model: Option<&'a str>,
-    pub prompt_tokens: Option<u64>,
-    pub completion_tokens: Option<u64>,
-    /// The configured `host:port` of the replica the request went to last; null if none.
-    pub replica: Option<&'a str>,
-}
-
-impl<'a> Entry<'a> {
-    pub fn new(
-        session: &'a Session,
-        ctx: &'a RequestCtx,
-        service: &'a str,
-        status: u16,
-        replica: Option<&'a str>,
-    ) -> Entry<'a> {
-        let req = session.req_header();
-        let elapsed = ctx.start.elapsed();
-        let usage = ctx.openai.as_ref().and_then(|x| x.usage());
-        Entry {
-            time: rfc3339_millis(SystemTime::now() - elapsed),
-            request_id: ctx.request_id.as_str(),
-            method: req.method.as_str(),
-            service,
-            path: path_only(req.raw_path()),
-            status,
-            duration_ms: millis(elapsed),
-            upstream_ttfb_ms: ctx.upstream_ttfb.map(millis),
-            bytes_in: session.body_bytes_read() as u64,
-            bytes_out: session.body_bytes_sent() as u64,
-            client: session
-                .client_addr()
-                .and_then(|a| a.as_inet())
-                .map(|a| a.ip()),
-            principal_kind: ctx.principal.as_ref().map(|p| p.kind.as_str()),
-            principal_id: ctx.principal.as_ref().map(|p| &*p.id),
-            auth_failure: ctx.auth_failure.map(|f| f.as_str()),
-            model: ctx.openai.as_ref().and_then(|x| x.model.as_deref()),
-            prompt_tokens: usage.and_then(|u| u.prompt_tokens),
-            completion_tokens: usage.and_then(|u| u.completion_tokens),
-            replica,
-        }
-    }
-
-    /// The JSON line, newline included. serde_json escapes whatever odd bytes a path held.
-    pub fn to_line(&self) -> Vec<u8> {
-        let mut line = Vec::with_capacity(384);
-        // Serialising plain fields into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut line, self);
-        line.push(b'\n');
-        line
-    }
-}
-
-/// The path without its query, lossily decoded and capped: what any log line may show.
-pub fn path_only(raw: &[u8]) -> Cow<'_, str> {
-    let end = raw.iter().position(|&b| b == b'?').unwrap_or(raw.len());
-    let path = String::from_utf8_lossy(&raw[..end]);
-    if path.len() <= MAX_PATH {
-        return path;
-    }
-    let mut cut = MAX_PATH;
-    while !path.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    Cow::Owned(path[..cut].to_string())
-}
-
-fn millis(d: Duration) -> f64 {
-    d.as_micros() as f64 / 1000.0
-}
 
 enum Msg {
     Line(Vec<u8>),
@@ -443,15 +332,6 @@ fn open_append(path: &Path) -> io::Result<(File, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_lose_their_query_and_are_capped() {
-        assert_eq!(path_only(b"/v1/infer/x?key=secret"), "/v1/infer/x");
-        assert_eq!(path_only(b"/a/\xff\x01b"), "/a/\u{fffd}\u{1}b");
-        let long = "é".repeat(MAX_PATH);
-        let cut = path_only(long.as_bytes());
-        assert!(cut.len() <= MAX_PATH && cut.chars().all(|c| c == 'é'));
-    }
 
     #[test]
     fn a_full_queue_drops_instead_of_blocking() {

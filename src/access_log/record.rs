@@ -1,0 +1,151 @@
+//! One line of the access log. Never a token, secret, upstream credential, query or body.
+//!
+//! Every line has the common fields; a request adds its HTTP fields, a proxied request the
+//! upstream's and the usage's, a key event the key's. A group that does not apply is left out
+//! of the line, while a field of a group that applies is written as null when unknown.
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Longest path logged; longer ones are cut (on a character boundary) so one request cannot
+/// write a megabyte line.
+const MAX_PATH: usize = 2048;
+
+#[derive(Serialize)]
+pub struct Record<'a> {
+    /// When the request started: RFC 3339, UTC, milliseconds.
+    pub time: String,
+    pub request_id: &'a str,
+    /// The bounded metrics label: a registered service, `_local`, `_unknown`, `_admin`, `_cli`.
+    pub service: &'a str,
+    /// `api_key`, `jwt` (or `cli` for the command line), once known.
+    pub principal_kind: Option<&'static str>,
+    /// The key id (never the secret), the JWT `sub`, or the user running the CLI.
+    pub principal_id: Option<&'a str>,
+    #[serde(flatten)]
+    pub http: Option<HttpFields<'a>>,
+    #[serde(flatten)]
+    pub proxied: Option<ProxiedFields<'a>>,
+    #[serde(flatten)]
+    pub key_event: Option<KeyEventFields<'a>>,
+}
+
+/// What every HTTP request logs, on the data plane and the admin listener.
+#[derive(Serialize)]
+pub struct HttpFields<'a> {
+    pub method: &'a str,
+    /// The request path without its query string (`path_only`).
+    pub path: Cow<'a, str>,
+    /// 0 when no response was sent (the client left first).
+    pub status: u16,
+    pub duration_ms: f64,
+    pub client: Option<IpAddr>,
+    /// Why authentication failed: `missing`, `malformed`, `api_key` or `jwt`.
+    pub auth_failure: Option<&'static str>,
+}
+
+/// What a data-plane request logs besides.
+#[derive(Serialize)]
+pub struct ProxiedFields<'a> {
+    pub upstream_ttfb_ms: Option<f64>,
+    /// Request body bytes read from the client.
+    pub bytes_in: u64,
+    /// Response body bytes sent to the client.
+    pub bytes_out: u64,
+    /// On `api = "openai"` chat/embeddings calls: the model after the policy, and the usage
+    /// the upstream reported; null when unknown.
+    pub model: Option<&'a str>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    /// The configured `host:port` of the replica the request went to last; null if none.
+    pub replica: Option<&'a str>,
+}
+
+/// A key created or revoked, through the key API or the CLI.
+#[derive(Serialize)]
+pub struct KeyEventFields<'a> {
+    /// `created` or `revoked`.
+    pub key_event: &'static str,
+    pub key_id: &'a str,
+}
+
+impl Record<'_> {
+    /// The JSON line, newline included. serde_json escapes whatever odd bytes a path held.
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut line = Vec::with_capacity(384);
+        // Serialising plain fields into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut line, self);
+        line.push(b'\n');
+        line
+    }
+}
+
+/// The path without its query, lossily decoded and capped: what any log line may show.
+pub fn path_only(raw: &[u8]) -> Cow<'_, str> {
+    let end = raw.iter().position(|&b| b == b'?').unwrap_or(raw.len());
+    let path = String::from_utf8_lossy(&raw[..end]);
+    if path.len() <= MAX_PATH {
+        return path;
+    }
+    let mut cut = MAX_PATH;
+    while !path.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Cow::Owned(path[..cut].to_string())
+}
+
+/// Milliseconds with microsecond precision, as every duration in the log is written.
+pub fn millis(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_lose_their_query_and_are_capped() {
+        assert_eq!(path_only(b"/v1/infer/x?key=secret"), "/v1/infer/x");
+        assert_eq!(path_only(b"/a/\xff\x01b"), "/a/\u{fffd}\u{1}b");
+        let long = "é".repeat(MAX_PATH);
+        let cut = path_only(long.as_bytes());
+        assert!(cut.len() <= MAX_PATH && cut.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn groups_that_do_not_apply_are_left_out_and_unknown_fields_are_null() {
+        let line = Record {
+            time: "t".into(),
+            request_id: "r",
+            service: "_cli",
+            principal_kind: Some("cli"),
+            principal_id: None,
+            http: None,
+            proxied: None,
+            key_event: Some(KeyEventFields {
+                key_event: "revoked",
+                key_id: "k",
+            }),
+        }
+        .to_line();
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        let mut want = [
+            "time",
+            "request_id",
+            "service",
+            "principal_kind",
+            "principal_id",
+            "key_event",
+            "key_id",
+        ];
+        want.sort();
+        let mut got = keys.clone();
+        got.sort();
+        assert_eq!(got, want);
+        assert!(v["principal_id"].is_null());
+    }
+}

@@ -1,0 +1,51 @@
+//! The record phase: a data-plane request as one access-log line.
+
+use std::time::SystemTime;
+
+use pingora::proxy::Session;
+
+use super::RequestCtx;
+use crate::access_log::{millis, path_only, HttpFields, ProxiedFields, Record};
+use crate::time::rfc3339_millis;
+
+/// The access-log line of a finished request; `service` is its bounded metrics label.
+pub fn access_line(
+    session: &Session,
+    ctx: &RequestCtx,
+    service: &str,
+    status: u16,
+    replica: Option<&str>,
+) -> Vec<u8> {
+    let req = session.req_header();
+    let elapsed = ctx.start.elapsed();
+    let usage = ctx.openai.as_ref().and_then(|x| x.usage());
+    Record {
+        time: rfc3339_millis(SystemTime::now() - elapsed),
+        request_id: ctx.request_id.as_str(),
+        service,
+        principal_kind: ctx.principal.as_ref().map(|p| p.kind.as_str()),
+        principal_id: ctx.principal.as_ref().map(|p| &*p.id),
+        http: Some(HttpFields {
+            method: req.method.as_str(),
+            path: path_only(req.raw_path()),
+            status,
+            duration_ms: millis(elapsed),
+            client: session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip()),
+            auth_failure: ctx.auth_failure.map(|f| f.as_str()),
+        }),
+        proxied: Some(ProxiedFields {
+            upstream_ttfb_ms: ctx.upstream_ttfb.map(millis),
+            bytes_in: session.body_bytes_read() as u64,
+            bytes_out: session.body_bytes_sent() as u64,
+            model: ctx.openai.as_ref().and_then(|x| x.model.as_deref()),
+            prompt_tokens: usage.and_then(|u| u.prompt_tokens),
+            completion_tokens: usage.and_then(|u| u.completion_tokens),
+            replica,
+        }),
+        key_event: None,
+    }
+    .to_line()
+}
