@@ -56,8 +56,8 @@ impl RequestId {
 pub struct RequestCtx {
     pub start: Instant,
     pub request_id: RequestId,
-    /// Index of the matched service in `Gateway::routes`, once routed and authorised.
-    pub route: Option<usize>,
+    /// The matched service, once routed and authorised.
+    pub route: Option<super::RouteId>,
     /// Where, in the raw request target, the part forwarded to the upstream begins.
     pub forward_from: usize,
     pub principal: Option<Arc<Principal>>,

@@ -5,6 +5,7 @@ mod context;
 mod headers;
 pub mod openai;
 mod record;
+mod route;
 pub(crate) mod upstream;
 
 use std::sync::Arc;
@@ -19,11 +20,13 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
 pub use context::{RequestCtx, RequestId};
+use route::Route;
+pub use route::RouteId;
 pub use upstream::peer_for;
 
 use crate::access_log::{self, AccessLog};
 use crate::auth::Authenticator;
-use crate::config::{Config, ServiceConfig};
+use crate::config::Config;
 use crate::errors::{write_local, GatewayError, Malformed};
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::{Endpoint, Models};
@@ -32,14 +35,10 @@ use crate::replicas::Replicas;
 use crate::routing::{self, Target};
 
 pub struct Gateway {
-    services: Vec<ServiceConfig>,
-    /// Per service, parallel to `services`.
-    replicas: Vec<Arc<Replicas>>,
-    /// Per service, parallel to `services`, then `_local` and `_unknown`: metric handles
-    /// resolved once instead of label lookups per request.
-    handles: Vec<ServiceMetrics>,
-    /// Per service, parallel to `services`.
-    limits: Vec<Limit>,
+    routes: Vec<Route>,
+    /// The metric handles of `/healthz` (`_local`) and of everything unrouted (`_unknown`).
+    local_metrics: ServiceMetrics,
+    unknown_metrics: ServiceMetrics,
     max_body: u64,
     auth: Authenticator,
     metrics: Arc<Metrics>,
@@ -59,7 +58,7 @@ enum Decision {
 }
 
 impl Gateway {
-    /// `replicas`: per service, parallel to `config.services` (see `Gateway::replicas_of`).
+    /// `replicas`: per service, in the order of `config.services`.
     pub fn new(
         config: &Config,
         auth: Authenticator,
@@ -84,19 +83,22 @@ impl Gateway {
                     &metrics.rate_limit_backend_errors(),
                 ))
             });
-        let handles = (config.services.iter().map(|s| s.name.as_str()))
-            .chain(["_local", "_unknown"])
-            .map(|name| metrics.for_service(name))
+        let routes = (config.services.iter().zip(replicas))
+            .map(|(settings, replicas)| Route {
+                limit: Limit::new(
+                    &settings.name,
+                    settings.rate_limit_per_minute,
+                    shared.as_ref(),
+                ),
+                metrics: metrics.for_service(&settings.name),
+                settings: settings.clone(),
+                replicas,
+            })
             .collect();
         Gateway {
-            handles,
-            replicas,
-            limits: config
-                .services
-                .iter()
-                .map(|s| Limit::new(&s.name, s.rate_limit_per_minute, shared.as_ref()))
-                .collect(),
-            services: config.services.clone(),
+            routes,
+            local_metrics: metrics.for_service("_local"),
+            unknown_metrics: metrics.for_service("_unknown"),
             max_body: config.server.max_request_body_bytes,
             auth,
             metrics,
@@ -137,18 +139,21 @@ impl Gateway {
         };
         ctx.principal = Some(principal.clone());
         // 3. Route.
-        let Some(route) =
-            service.and_then(|name| self.services.iter().position(|s| s.name.as_bytes() == name))
-        else {
+        let Some(id) = service.and_then(|name| {
+            (self.routes.iter())
+                .position(|r| r.settings.name.as_bytes() == name)
+                .map(RouteId::new)
+        }) else {
             return Decision::Reject(GatewayError::NotFound);
         };
-        ctx.route = Some(route);
+        ctx.route = Some(id);
+        let route = &self.routes[id.index()];
         // 4. Authorise.
-        if !principal.has_scope(&self.services[route].scope) {
+        if !principal.has_scope(&route.settings.scope) {
             return Decision::Reject(GatewayError::Forbidden);
         }
         // Per process, or per fleet through Redis (`[rate_limits] redis`).
-        if let Err(retry_after) = self.limits[route].check(&principal).await {
+        if let Err(retry_after) = route.limit.check(&principal).await {
             return Decision::Reject(GatewayError::RateLimited(retry_after));
         }
         // A declared body over the limit is refused before a byte of it is read.
@@ -163,12 +168,10 @@ impl Gateway {
                 }
             }
         }
-        let service = &self.services[route];
         Decision::Proxy {
             forward_from: req.raw_path().len() - forward.len(),
-            openai: service
-                .openai
-                .as_ref()
+            openai: route
+                .models()
                 .and_then(|_| Endpoint::of(&req.method, forward)),
         }
     }
@@ -276,10 +279,10 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        let route = ctx
-            .route
-            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
-        let replicas = &self.replicas[route];
+        let replicas = &self
+            .route(ctx)
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?
+            .replicas;
         let chosen = match (ctx.reached_replica, &ctx.replica) {
             (true, Some(same)) => replicas.again(same.index),
             _ => replicas.choose(ctx.tried),
@@ -303,8 +306,8 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        if let (Some(route), Some(chosen)) = (ctx.route, &ctx.replica) {
-            let replicas = &self.replicas[route];
+        if let (Some(route), Some(chosen)) = (self.route(ctx), &ctx.replica) {
+            let replicas = &route.replicas;
             replicas.connect_failed(chosen.index);
             if !ctx.reached_replica && (ctx.tried.count_ones() as usize) < replicas.len() {
                 e.set_retry(true);
@@ -348,8 +351,8 @@ impl ProxyHttp for Gateway {
         _digest: Option<&pingora::protocols::Digest>,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let (Some(route), Some(chosen)) = (ctx.route, &ctx.replica) {
-            self.replicas[route].connected(chosen.index);
+        if let (Some(route), Some(chosen)) = (self.route(ctx), &ctx.replica) {
+            route.replicas.connected(chosen.index);
         }
         Ok(())
     }
@@ -360,8 +363,10 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        let route = ctx.route.unwrap_or_default();
-        let service = &self.services[route];
+        let Some(route) = self.route(ctx) else {
+            return Error::e_explain(ErrorType::InternalError, "no route chosen");
+        };
+        let service = &route.settings;
         // 5. Rewrite: the upstream's base path, then the remainder and query byte for byte.
         let forward = &session.req_header().raw_path()[ctx.forward_from..];
         let base_path = service.replicas[0].base_path.as_bytes();
@@ -381,7 +386,7 @@ impl ProxyHttp for Gateway {
         headers::to_upstream(
             upstream,
             service,
-            self.replicas[route].host_header(replica.index),
+            route.replicas.host_header(replica.index),
             client_ip,
             client_tls,
             ctx.request_id.as_str(),
@@ -528,9 +533,9 @@ impl ProxyHttp for Gateway {
             ctx.auth_failure,
         );
         if self.access_log.enabled() {
-            let replica = (ctx.route)
+            let replica = (self.route(ctx))
                 .zip(ctx.replica.as_ref())
-                .map(|(route, chosen)| self.replicas[route].label(chosen.index));
+                .map(|(route, chosen)| route.replicas.label(chosen.index));
             let line = record::access_line(session, ctx, service, status, replica);
             if !self.access_log.send(line) {
                 self.metrics.access_log_dropped();
@@ -540,19 +545,23 @@ impl ProxyHttp for Gateway {
 }
 
 impl Gateway {
+    /// The service the request was routed to, once routed and authorised.
+    fn route(&self, ctx: &RequestCtx) -> Option<&Route> {
+        ctx.route.map(|id| &self.routes[id.index()])
+    }
+
     /// The model policy of the routed service, on an `api = "openai"` service.
-    fn models(&self, route: Option<usize>) -> Option<&Models> {
-        route.and_then(|r| self.services[r].openai.as_ref())
+    fn models(&self, route: Option<RouteId>) -> Option<&Models> {
+        route.and_then(|id| self.routes[id.index()].models())
     }
 
     /// The metric handles of `service_label`.
     fn service_metrics(&self, ctx: &RequestCtx) -> &ServiceMetrics {
-        let n = self.services.len();
-        &self.handles[match ctx.route {
-            Some(i) => i,
-            None if ctx.health => n,
-            None => n + 1,
-        }]
+        match self.route(ctx) {
+            Some(route) => &route.metrics,
+            None if ctx.health => &self.local_metrics,
+            None => &self.unknown_metrics,
+        }
     }
 
     /// A bounded metric label: a registered service, `_local` or `_unknown`.
