@@ -3,6 +3,7 @@
 
 mod context;
 mod headers;
+mod local;
 pub mod openai;
 mod record;
 mod route;
@@ -13,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::Method;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
@@ -27,7 +27,7 @@ pub use upstream::peer_for;
 use crate::access_log::{self, AccessLog};
 use crate::auth::Authenticator;
 use crate::config::Config;
-use crate::errors::{write_local, GatewayError, Malformed};
+use crate::errors::{GatewayError, Malformed};
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::{Endpoint, Models};
 use crate::rate_limit::{self, Limit};
@@ -175,47 +175,6 @@ impl Gateway {
                 .and_then(|_| Endpoint::of(&req.method, forward)),
         }
     }
-
-    async fn reject(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        e: GatewayError,
-    ) -> Result<bool> {
-        // Never drain an unread body just to keep the connection; and every 401 closes,
-        // so all of them look alike and guessing costs a new connection.
-        // CONNECT would turn the connection into a tunnel: never read on after refusing it.
-        if e == GatewayError::Unauthorized
-            || !session.is_body_done()
-            || session.req_header().method == Method::CONNECT
-        {
-            session.set_keepalive(None);
-        }
-        let head_only = session.req_header().method == Method::HEAD;
-        ctx.local_status = Some(e.status());
-        let message = ctx.openai.as_ref().and_then(|x| x.error.as_ref());
-        e.respond_with_message(
-            session,
-            ctx.request_id.as_str(),
-            head_only,
-            message.map(|m| m.message()),
-        )
-        .await?;
-        Ok(true)
-    }
-
-    async fn health(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        const BODY: &[u8] = br#"{"status":"ok"}"#;
-        let mut h = ResponseHeader::build(200, Some(4))?;
-        h.insert_header("content-type", "application/json")?;
-        h.insert_header("content-length", BODY.len())?;
-        h.insert_header("cache-control", "no-store")?;
-        h.insert_header("x-request-id", ctx.request_id.as_str())?;
-        ctx.local_status = Some(200);
-        let head_only = session.req_header().method == Method::HEAD;
-        write_local(session, h, Bytes::from_static(BODY), head_only).await?;
-        Ok(true)
-    }
 }
 
 #[async_trait]
@@ -247,11 +206,11 @@ impl ProxyHttp for Gateway {
                 ctx.openai = Some(Box::new(exchange));
                 match next {
                     openai::Next::Proxy => Ok(false),
-                    openai::Next::Refuse(e) => self.reject(session, ctx, e).await,
+                    openai::Next::Refuse(e) => local::reject(session, ctx, e).await,
                 }
             }
-            Decision::Health => self.health(session, ctx).await,
-            Decision::Reject(e) => self.reject(session, ctx, e).await,
+            Decision::Health => local::health(session, ctx).await,
+            Decision::Reject(e) => local::reject(session, ctx, e).await,
         }
     }
 
@@ -454,37 +413,10 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        let refused_body = ctx.openai.as_ref().and_then(|x| x.error.as_ref());
-        let error = match refused_body {
-            Some(_) => Some(GatewayError::InvalidBody),
-            None => GatewayError::from_proxy_error(e),
-        };
-        let Some(error) = error else {
-            return FailToProxy {
-                error_code: 0,
-                can_reuse_downstream: false,
-            };
-        };
-        // Once a response has started, all that can be done is to cut it.
-        if session.response_written().is_none() {
-            let head_only = session.req_header().method == Method::HEAD;
-            let message = refused_body.map(|m| m.message());
-            if let Err(write_err) = error
-                .respond_with_message(session, ctx.request_id.as_str(), head_only, message)
-                .await
-            {
-                log::debug!("could not send error response: {write_err}");
-            }
-        }
-        if let Some(kind) = upstream_error_kind(e) {
+        if let Some(kind) = local::upstream_error_kind(e) {
             self.metrics.upstream_error(self.service_label(ctx), kind);
         }
-        ctx.local_status = Some(error.status());
-        FailToProxy {
-            error_code: error.status(),
-            // A refused body was read to its end: the client's connection is still in step.
-            can_reuse_downstream: refused_body.is_some(),
-        }
+        local::failed(session, e, ctx).await
     }
 
     /// What Pingora's own log lines (e.g. `Fail to proxy`) say about the request: method, path
@@ -567,17 +499,5 @@ impl Gateway {
     /// A bounded metric label: a registered service, `_local` or `_unknown`.
     fn service_label(&self, ctx: &RequestCtx) -> &str {
         self.service_metrics(ctx).service()
-    }
-}
-
-/// A bounded label for an upstream failure; `None` when the failure was not the upstream's.
-fn upstream_error_kind(e: &Error) -> Option<&'static str> {
-    use ErrorType::*;
-    match e.etype() {
-        ConnectRefused | ConnectNoRoute | ConnectError => Some("refused"),
-        ConnectTimedout => Some("timeout"),
-        ReadTimedout | WriteTimedout if e.esource() == &ErrorSource::Upstream => Some("timeout"),
-        _ if e.esource() == &ErrorSource::Upstream => Some("invalid"),
-        _ => None,
     }
 }

@@ -1,0 +1,91 @@
+//! Answers the gateway writes itself: `/healthz`, refusals, and the error that ends a failed
+//! proxy attempt. Each records its status in the context for the metrics and the log.
+
+use bytes::Bytes;
+use http::Method;
+use pingora::http::ResponseHeader;
+use pingora::proxy::{FailToProxy, Session};
+use pingora::{Error, ErrorSource, ErrorType, Result};
+
+use super::RequestCtx;
+use crate::errors::{write_local, GatewayError};
+
+pub async fn health(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+    const BODY: &[u8] = br#"{"status":"ok"}"#;
+    let mut h = ResponseHeader::build(200, Some(4))?;
+    h.insert_header("content-type", "application/json")?;
+    h.insert_header("content-length", BODY.len())?;
+    h.insert_header("cache-control", "no-store")?;
+    h.insert_header("x-request-id", ctx.request_id.as_str())?;
+    ctx.local_status = Some(200);
+    let head_only = session.req_header().method == Method::HEAD;
+    write_local(session, h, Bytes::from_static(BODY), head_only).await?;
+    Ok(true)
+}
+
+pub async fn reject(session: &mut Session, ctx: &mut RequestCtx, e: GatewayError) -> Result<bool> {
+    // Never drain an unread body just to keep the connection; and every 401 closes,
+    // so all of them look alike and guessing costs a new connection.
+    // CONNECT would turn the connection into a tunnel: never read on after refusing it.
+    if e == GatewayError::Unauthorized
+        || !session.is_body_done()
+        || session.req_header().method == Method::CONNECT
+    {
+        session.set_keepalive(None);
+    }
+    let head_only = session.req_header().method == Method::HEAD;
+    ctx.local_status = Some(e.status());
+    let message = ctx.openai.as_ref().and_then(|x| x.error.as_ref());
+    e.respond_with_message(
+        session,
+        ctx.request_id.as_str(),
+        head_only,
+        message.map(|m| m.message()),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// The answer to a proxy attempt that failed: a refused body's 400, or the upstream's 502/504.
+pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+    let refused_body = ctx.openai.as_ref().and_then(|x| x.error.as_ref());
+    let error = match refused_body {
+        Some(_) => Some(GatewayError::InvalidBody),
+        None => GatewayError::from_proxy_error(e),
+    };
+    let Some(error) = error else {
+        return FailToProxy {
+            error_code: 0,
+            can_reuse_downstream: false,
+        };
+    };
+    // Once a response has started, all that can be done is to cut it.
+    if session.response_written().is_none() {
+        let head_only = session.req_header().method == Method::HEAD;
+        let message = refused_body.map(|m| m.message());
+        if let Err(write_err) = error
+            .respond_with_message(session, ctx.request_id.as_str(), head_only, message)
+            .await
+        {
+            log::debug!("could not send error response: {write_err}");
+        }
+    }
+    ctx.local_status = Some(error.status());
+    FailToProxy {
+        error_code: error.status(),
+        // A refused body was read to its end: the client's connection is still in step.
+        can_reuse_downstream: refused_body.is_some(),
+    }
+}
+
+/// A bounded label for an upstream failure; `None` when the failure was not the upstream's.
+pub fn upstream_error_kind(e: &Error) -> Option<&'static str> {
+    use ErrorType::*;
+    match e.etype() {
+        ConnectRefused | ConnectNoRoute | ConnectError => Some("refused"),
+        ConnectTimedout => Some("timeout"),
+        ReadTimedout | WriteTimedout if e.esource() == &ErrorSource::Upstream => Some("timeout"),
+        _ if e.esource() == &ErrorSource::Upstream => Some("invalid"),
+        _ => None,
+    }
+}
