@@ -30,7 +30,6 @@ use crate::config::Config;
 use crate::errors::{GatewayError, Malformed};
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::{Endpoint, Models};
-use crate::rate_limit::{self, Limit};
 use crate::replicas::Replicas;
 use crate::routing::{self, Target};
 
@@ -66,37 +65,8 @@ impl Gateway {
         access_log: AccessLog,
         replicas: Vec<Arc<Replicas>>,
     ) -> Gateway {
-        for service in config.services.iter().filter(|s| s.openai.is_some()) {
-            // Present from the start at 0, so a rate() over it is defined before the first call.
-            metrics.tokens(&service.name, Some(0), Some(0));
-        }
-        // One Redis connection for the process, shared by every limited service.
-        let limited = config
-            .services
-            .iter()
-            .any(|s| s.rate_limit_per_minute.is_some());
-        let shared = (config.rate_limits.redis.as_ref())
-            .filter(|_| limited)
-            .map(|server| {
-                Arc::new(rate_limit::Backend::new(
-                    server,
-                    &metrics.rate_limit_backend_errors(),
-                ))
-            });
-        let routes = (config.services.iter().zip(replicas))
-            .map(|(settings, replicas)| Route {
-                limit: Limit::new(
-                    &settings.name,
-                    settings.rate_limit_per_minute,
-                    shared.as_ref(),
-                ),
-                metrics: metrics.for_service(&settings.name),
-                settings: settings.clone(),
-                replicas,
-            })
-            .collect();
         Gateway {
-            routes,
+            routes: Route::all(config, &metrics, replicas),
             local_metrics: metrics.for_service("_local"),
             unknown_metrics: metrics.for_service("_unknown"),
             max_body: config.server.max_request_body_bytes,

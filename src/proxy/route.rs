@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use crate::config::ServiceConfig;
-use crate::metrics::ServiceMetrics;
+use crate::config::{Config, ServiceConfig};
+use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::Models;
-use crate::rate_limit::Limit;
+use crate::rate_limit::{Backend, Limit};
 use crate::replicas::Replicas;
 
 pub struct Route {
@@ -18,6 +18,31 @@ pub struct Route {
 }
 
 impl Route {
+    /// Every service's route; `replicas` in the order of `config.services`.
+    pub fn all(config: &Config, metrics: &Metrics, replicas: Vec<Arc<Replicas>>) -> Vec<Route> {
+        for service in config.services.iter().filter(|s| s.openai.is_some()) {
+            // Present from the start at 0, so a rate() over it is defined before the first call.
+            metrics.tokens(&service.name, Some(0), Some(0));
+        }
+        // One Redis connection for the process, shared by every limited service.
+        let limited = (config.services.iter()).any(|s| s.rate_limit_per_minute.is_some());
+        let shared = (config.rate_limits.redis.as_ref())
+            .filter(|_| limited)
+            .map(|server| Arc::new(Backend::new(server, &metrics.rate_limit_backend_errors())));
+        (config.services.iter().zip(replicas))
+            .map(|(settings, replicas)| Route {
+                limit: Limit::new(
+                    &settings.name,
+                    settings.rate_limit_per_minute,
+                    shared.as_ref(),
+                ),
+                metrics: metrics.for_service(&settings.name),
+                settings: settings.clone(),
+                replicas,
+            })
+            .collect()
+    }
+
     /// The model policy, on an `api = "openai"` service.
     pub fn models(&self) -> Option<&Models> {
         self.settings.openai.as_ref()
