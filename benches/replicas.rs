@@ -18,7 +18,7 @@ fn replicas(upstreams: &[&str], balance: &str) -> Arc<Replicas> {
         "[services.infer]\nupstream = [{}]\nscope = \"infer\"\nbalance = \"{balance}\"\n",
         list.join(", ")
     );
-    let config = Config::from_str(Path::new("bench.toml"), &text, |_| None).unwrap();
+    let config = Config::parse(Path::new("bench.toml"), &text, |_| None).unwrap();
     let service = config.services[0].clone();
     let metrics = Metrics::new();
     Arc::new(Replicas::new(&service, &metrics, &|up, a| {

@@ -1,6 +1,7 @@
 //! `[admin]`: the key-management API the console calls, and the reference console page.
 
-use super::{file, Config, Validator};
+use super::validate::Validator;
+use super::{file, Config};
 use crate::scope::Scope;
 
 #[derive(Debug, Clone)]

@@ -4,7 +4,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{file, parse_upstream, Upstream, Validator};
+use super::parse::parse_upstream;
+use super::validate::Validator;
+use super::{file, Upstream};
 
 /// Most replicas one service may list: a request marks the replicas it tried in a `u64`.
 pub const MAX_REPLICAS: usize = 64;

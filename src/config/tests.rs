@@ -1,9 +1,10 @@
 use std::path::Path;
+use std::time::Duration;
 
 use super::*;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
-    Config::from_str(Path::new("test.toml"), text, |name| {
+    Config::parse(Path::new("test.toml"), text, |name| {
         (name == "CHATX_UPSTREAM_KEY").then(|| "sk-upstream".to_string())
     })
 }

@@ -176,7 +176,7 @@ mod tests {
         }
         req.append_header("cookie".to_string(), "second").unwrap();
         assert_eq!(present(&req.headers, &NOT_TO_UPSTREAM), 0b1010011);
-        let config = crate::config::Config::from_str(
+        let config = crate::config::Config::parse(
             std::path::Path::new("t.toml"),
             "[services.infer]\nupstream = \"http://127.0.0.1:8000\"\nscope = \"infer\"\n",
             |_| None,

@@ -15,7 +15,7 @@ fn replicas(extra: &str, n: usize) -> Arc<Replicas> {
         "[services.infer]\nupstream = [{}]\nscope = \"infer\"\n{extra}\n",
         list.join(", ")
     );
-    let config = Config::from_str(Path::new("t.toml"), &text, |_| None).unwrap();
+    let config = Config::parse(Path::new("t.toml"), &text, |_| None).unwrap();
     let service = &config.services[0];
     Arc::new(Replicas::new(service, &Metrics::new(), &|up, a| {
         crate::proxy::upstream::peer_for(service, up, a)

@@ -1,0 +1,157 @@
+//! The validated model the gateway runs on: every value checked, expanded, parsed and
+//! resolved once, at start-up.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue};
+
+use super::{AdminSettings, Balancing};
+use crate::model_policy::Models;
+use crate::scope::Scope;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub server: ServerSettings,
+    pub metrics: Option<MetricsSettings>,
+    pub access_log: AccessLogSettings,
+    pub api_keys: Option<ApiKeySettings>,
+    pub jwt: Option<JwtSettings>,
+    pub services: Vec<ServiceConfig>,
+    pub rate_limits: RateLimitSettings,
+    pub admin: Option<AdminSettings>,
+    /// `[dns] servers`: upstream host names are resolved there; `None`: the system's resolver.
+    pub dns_servers: Option<Vec<SocketAddr>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    pub listen: Vec<String>,
+    pub threads: usize,
+    pub grace_period_seconds: u64,
+    pub graceful_shutdown_timeout_seconds: u64,
+    pub upgrade_sock: String,
+    pub pid_file: String,
+    pub max_request_body_bytes: u64,
+    /// TLS listeners terminating HTTPS at the gateway.
+    pub tls: Option<TlsListenSettings>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsListenSettings {
+    pub listen: Vec<String>,
+    /// PEM certificate chain and private key, checked to parse at start-up.
+    pub cert_file: String,
+    pub key_file: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct MetricsSettings {
+    pub listen: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct AccessLogSettings {
+    pub destination: AccessLogDestination,
+    /// Lines queued for the writer thread; beyond this, lines are dropped and counted.
+    pub buffer_lines: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogDestination {
+    Off,
+    Stdout,
+    File {
+        path: PathBuf,
+        /// Rotate to `<path>.1` once the file would grow past this; `None`: never (logrotate + SIGHUP).
+        max_bytes: Option<u64>,
+        /// Rotated files kept: `<path>.1` … `<path>.N`.
+        max_files: usize,
+    },
+}
+
+pub const DEFAULT_ACCESS_LOG_BUFFER: usize = 16 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct ApiKeySettings {
+    /// `sqlite://…` or `postgres://…`; may hold a password: never print it.
+    pub database: String,
+    pub cache_ttl: Duration,
+    pub negative_cache_ttl: Duration,
+    /// Listen for revocations made anywhere (Postgres only).
+    pub revocation_push: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct JwtSettings {
+    pub issuer: String,
+    pub audience: String,
+    pub jwks_uri: Option<String>,
+    pub algorithms: Vec<jsonwebtoken::Algorithm>,
+    pub leeway_seconds: u64,
+    pub token_types: Vec<String>,
+    pub jwks_refresh: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The `<service>` segment of `/v1/<service>/...`.
+    pub name: String,
+    pub scope: Scope,
+    /// One or more; all share a scheme and a base path.
+    pub replicas: Vec<Upstream>,
+    pub balancing: Balancing,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Set on every upstream request, values already expanded; marked sensitive so they never print.
+    pub upstream_headers: Vec<(HeaderName, HeaderValue)>,
+    /// Requests per principal per minute: per process, or per fleet with `[rate_limits] redis`;
+    /// `None` for no limit.
+    pub rate_limit_per_minute: Option<u32>,
+    /// DER certificates from `ca_file`: the only roots trusted for this upstream when set.
+    pub ca_certs: Option<Vec<Vec<u8>>>,
+    /// Set by `api = "openai"`: chat and embeddings bodies are validated and the model policy
+    /// applied. `None`: bodies are never read.
+    pub openai: Option<Models>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RateLimitSettings {
+    /// `[rate_limits] redis`: counts shared by every gateway using this Redis; `None`: per process.
+    pub redis: Option<RedisServer>,
+}
+
+/// A validated `redis://` URL. It may hold a password: `Debug` shows `shown` only.
+#[derive(Clone)]
+pub struct RedisServer {
+    /// Made from the URL without connecting: connections are made on first use.
+    pub client: redis::Client,
+    /// `redis://host:port/db`: never the user name or password.
+    pub shown: String,
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub tls: bool,
+    /// Host name or IP as written (IPv6 without brackets): the TLS SNI and certificate name.
+    pub host: String,
+    pub port: u16,
+    /// Path prefix the forwarded remainder is appended to; empty or `/base` without a trailing slash.
+    pub base_path: String,
+    /// Resolved at start-up (Pingora would otherwise resolve, blocking, per request), then
+    /// every `dns_refresh_seconds` off the request path when `host` is a name. Empty when
+    /// `[dns]` servers resolve it at start-up instead.
+    pub addresses: Vec<SocketAddr>,
+    /// `host:port`, the Host header the upstream is sent.
+    pub host_header: HeaderValue,
+}
