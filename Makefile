@@ -45,7 +45,7 @@ test-deps: deps
 test: test-deps
 	scripts/vendor.sh --check
 	scripts/vendor.sh --test
-	$(CARGO) test --lib --bins --tests -- --test-threads=4
+	$(CARGO) test --features fuzzing --lib --bins --tests -- --test-threads=4
 	$(CARGO) test --bench auth --bench replicas
 	scripts/fuzz.sh smoke
 	scripts/sdk-tests.sh
@@ -71,7 +71,7 @@ fmt:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --all-targets --features fuzzing -- -D warnings
 
 clean:
 	$(CARGO) clean

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use idp::{Idp, TestKey};
-use portcullis::auth::api_keys::{create_key, open_store, ApiKeyVerifier, KeyStore};
-use portcullis::auth::jwt::JwtVerifier;
-use portcullis::auth::token::{classify, Bearer};
-use portcullis::config::JwtSettings;
+use portcullis::{
+    classify_bearer as classify, create_key, open_store, ApiKeyVerifier, Bearer, JwtSettings,
+    JwtVerifier, KeyStore,
+};
 use serde_json::json;
 
 fn runtime() -> tokio::runtime::Runtime {

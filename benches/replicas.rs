@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use portcullis::config::Config;
-use portcullis::metrics::Metrics;
-use portcullis::replicas::Replicas;
+use portcullis::Config;
+use portcullis::Metrics;
+use portcullis::Replicas;
 
 fn replicas(upstreams: &[&str], balance: &str) -> Arc<Replicas> {
     let list: Vec<String> = upstreams.iter().map(|u| format!("\"{u}\"")).collect();
@@ -22,7 +22,7 @@ fn replicas(upstreams: &[&str], balance: &str) -> Arc<Replicas> {
     let service = config.services[0].clone();
     let metrics = Metrics::new();
     Arc::new(Replicas::new(&service, &metrics, &|up, a| {
-        portcullis::proxy::peer_for(&service, up, a)
+        portcullis::peer_for(&service, up, a)
     }))
 }
 

@@ -1,22 +1,42 @@
 //! Portcullis: an authenticated HTTP gateway for LLM APIs on Pingora.
+//!
+//! The modules are private; what the binary, the tests and the benchmarks use is re-exported
+//! below, by name.
 
-pub mod access_log;
-pub mod admin;
-pub mod auth;
-pub mod cli;
-pub mod config;
-pub mod errors;
-#[doc(hidden)]
+mod access_log;
+mod admin;
+mod auth;
+mod cli;
+mod config;
+mod errors;
+mod logging;
+mod metrics;
+mod model_policy;
+mod proxy;
+mod rate_limit;
+mod replicas;
+mod routing;
+mod scope;
+mod server;
+mod shutdown;
+mod time;
+mod usage;
+
+/// Invariants the fuzz targets and the corpus replay check; not part of the shipped library.
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-pub mod logging;
-pub mod metrics;
-pub mod model_policy;
-pub mod proxy;
-pub mod rate_limit;
-pub mod replicas;
-pub mod routing;
-pub mod scope;
-pub mod server;
-pub mod shutdown;
-pub mod time;
-pub mod usage;
+
+// The binary.
+pub use cli::{run, Cli};
+pub use logging::init as init_logging;
+
+// Benchmarks and property tests of the request path's parts.
+pub use auth::api_keys::{create_key, open_store, ApiKeyVerifier, KeyStore};
+pub use auth::jwt::JwtVerifier;
+pub use auth::token::{classify as classify_bearer, Bearer};
+pub use config::{Config, JwtSettings};
+pub use errors::GatewayError;
+pub use metrics::Metrics;
+pub use proxy::peer_for;
+pub use replicas::Replicas;
+pub use routing::{classify as classify_path, Target};

@@ -1,6 +1,7 @@
 //! Replays every committed fuzz input (seed corpora and fixed crash inputs) through the same
 //! invariant checks the libFuzzer targets run, on the stable toolchain: a regression of any
 //! input fuzzing once found is caught by `make test`.
+#![cfg(feature = "fuzzing")]
 
 use std::path::Path;
 

@@ -1,11 +1,12 @@
 //! Property tests of the client-facing parsers: generated inputs built to hit the edges
 //! (dot segments in every spelling, path parameters, token shapes), checked against the same
 //! invariants as the fuzz targets, plus ground truths the generator knows.
+#![cfg(feature = "fuzzing")]
 
 use http::Method;
-use portcullis::errors::GatewayError;
 use portcullis::fuzzing;
-use portcullis::routing::{classify, Target};
+use portcullis::GatewayError;
+use portcullis::{classify_path as classify, Target};
 use proptest::prelude::*;
 
 /// Path segment pieces, dot spellings and separators included.

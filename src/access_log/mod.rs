@@ -6,4 +6,4 @@ mod record;
 mod writer;
 
 pub use record::{millis, path_only, HttpFields, KeyEventFields, ProxiedFields, Record};
-pub use writer::{open, AccessLog, AccessLogService};
+pub use writer::{open, AccessLog};

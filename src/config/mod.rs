@@ -19,9 +19,8 @@ pub use admin::AdminSettings;
 pub use env::expand as expand_env;
 pub use model::*;
 pub use parse::{resolve_system, Resolver};
-pub use replicas::{Balance, Balancing, HealthCheckSettings, MAX_REPLICAS};
+pub use replicas::{Balance, Balancing, HealthCheckSettings};
 use validate::Validator;
-pub use validate::DEFAULT_MAX_BODY;
 
 /// Every problem found in a config file, each naming the file and the key.
 #[derive(Debug)]

@@ -1,6 +1,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::validate::DEFAULT_MAX_BODY;
 use super::*;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {

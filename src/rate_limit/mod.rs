@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::auth::Principal;
 
 pub use self::local::Limiter;
-pub use self::redis::{Backend, RETRY_INTERVAL, TIMEOUT};
+pub use self::redis::Backend;
 
 /// One service's limit.
 pub enum Limit {

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use prometheus::{IntCounterVec, Opts};
 
 use super::redis::{caller_key, escape_id, Shared};
-use super::{Backend, Limit, RETRY_INTERVAL, TIMEOUT};
+use super::redis::{RETRY_INTERVAL, TIMEOUT};
+use super::{Backend, Limit};
 use crate::auth::{Principal, PrincipalKind};
 use crate::config::RedisServer as RedisUrl;
 

@@ -23,8 +23,6 @@ use crate::metrics::Metrics;
 pub use dns::{DnsRefresh, MakePeer, UpstreamResolver};
 pub use health::HealthChecks;
 
-pub use crate::config::MAX_REPLICAS;
-
 pub struct Replicas {
     pub service: Box<str>,
     balance: Balance,

@@ -5,6 +5,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
+use super::store::SqliteStore;
 use super::*;
 use crate::auth::token::{classify, Bearer};
 
