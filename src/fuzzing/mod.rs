@@ -1,0 +1,33 @@
+//! The invariants every parser that reads client bytes promises, as checks that panic when
+//! one is broken. One definition serves the libFuzzer targets (`fuzz/`), the replay of their
+//! corpora in `make test` (`tests/fuzz_corpus.rs`) and the property tests.
+//! Each check takes arbitrary bytes and must never panic for a reason other than a broken
+//! invariant.
+
+mod model_body;
+mod requests;
+mod usage;
+
+#[cfg(test)]
+pub(crate) use usage::usage_in_chunks;
+
+pub use model_body::model_body;
+pub use requests::{
+    access_log_json, api_key, bearer_token, config_loader, jwt_precheck, path_classifier,
+};
+pub use usage::usage_scanner;
+
+/// One invariant check over arbitrary input bytes.
+pub type Check = fn(&[u8]);
+
+/// Every fuzz target by name, for the corpus replay.
+pub const TARGETS: [(&str, Check); 8] = [
+    ("path_classifier", path_classifier),
+    ("bearer_token", bearer_token),
+    ("api_key", api_key),
+    ("jwt_precheck", jwt_precheck),
+    ("config_loader", config_loader),
+    ("access_log_json", access_log_json),
+    ("model_body", model_body),
+    ("usage_scanner", usage_scanner),
+];

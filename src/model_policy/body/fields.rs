@@ -1,0 +1,252 @@
+//! The shapes of the members the gateway reads: `stream`, `messages` and each message, its
+//! role and content parts, and the embeddings `input`.
+
+use serde::de::{self, MapAccess, SeqAccess};
+
+use super::{first_time, Check, Problem, Shape, Skip, Text};
+
+/// `stream`.
+pub(super) struct Stream<'p>(pub(super) &'p Problem);
+
+impl<'de> Shape<'de> for Stream<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        "stream must be a boolean".into()
+    }
+    fn boolean<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// `messages`.
+pub(super) struct Messages<'p>(pub(super) &'p Problem);
+
+impl<'de> Shape<'de> for Messages<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        "messages must be a non-empty array".into()
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0;
+        while seq
+            .next_element_seed(Check(Message { problem: self.0, i }))?
+            .is_some()
+        {
+            i += 1;
+        }
+        if i == 0 {
+            return Err(self.refuse());
+        }
+        Ok(())
+    }
+}
+
+/// `messages[i]`.
+struct Message<'p> {
+    problem: &'p Problem,
+    i: usize,
+}
+
+impl<'de> Shape<'de> for Message<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!("messages[{}] must be an object", self.i)
+    }
+    fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let (p, i) = (self.problem, self.i);
+        let (mut role, mut content) = (false, false);
+        while let Some(Text(key)) = map.next_key()? {
+            match key.as_ref() {
+                "role" => {
+                    first_time(&mut role, p, || format!("messages[{i}].role"))?;
+                    map.next_value_seed(Check(Role { problem: p, i }))?;
+                }
+                // Absent is fine: an assistant message with tool_calls has no content.
+                "content" => {
+                    first_time(&mut content, p, || format!("messages[{i}].content"))?;
+                    map.next_value_seed(Check(Content { problem: p, i }))?;
+                }
+                _ => {
+                    map.next_value_seed(Skip)?;
+                }
+            }
+        }
+        if !role {
+            return Err(p.raise(Role { problem: p, i }.wrong_type()));
+        }
+        Ok(())
+    }
+}
+
+/// `messages[i].role`.
+struct Role<'p> {
+    problem: &'p Problem,
+    i: usize,
+}
+
+impl<'de> Shape<'de> for Role<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!("messages[{}].role must be a string", self.i)
+    }
+    fn string<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// `messages[i].content`.
+struct Content<'p> {
+    problem: &'p Problem,
+    i: usize,
+}
+
+impl<'de> Shape<'de> for Content<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!(
+            "messages[{}].content must be a string, an array of content parts or null",
+            self.i
+        )
+    }
+    fn string<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn null<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut j = 0;
+        let part = |j| {
+            Check(Part {
+                problem: self.problem,
+                i: self.i,
+                j,
+            })
+        };
+        while seq.next_element_seed(part(j))?.is_some() {
+            j += 1;
+        }
+        Ok(())
+    }
+}
+
+/// `messages[i].content[j]`: only its being an object is checked; an image's base64 data
+/// inside is skipped, never copied.
+struct Part<'p> {
+    problem: &'p Problem,
+    i: usize,
+    j: usize,
+}
+
+impl<'de> Shape<'de> for Part<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!("messages[{}].content[{}] must be an object", self.i, self.j)
+    }
+    fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_entry_seed(Skip, Skip)?.is_some() {}
+        Ok(())
+    }
+}
+
+const INPUT: &str = "input must be a string, an array of strings, an array of integers or an \
+                     array of integer arrays";
+
+/// `input` of an embeddings request.
+pub(super) struct Input<'p>(pub(super) &'p Problem);
+
+/// What an element of `input` is: all elements must be of one kind.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Item {
+    String,
+    Integer,
+    Integers,
+}
+
+impl<'de> Shape<'de> for Input<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        INPUT.into()
+    }
+    fn string<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut first = None;
+        while let Some(kind) = seq.next_element_seed(Check(InputItem(self.0)))? {
+            if *first.get_or_insert(kind) != kind {
+                return Err(self.refuse());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An element of `input`.
+struct InputItem<'p>(&'p Problem);
+
+impl<'de> Shape<'de> for InputItem<'_> {
+    type Value = Item;
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        INPUT.into()
+    }
+    fn string<E: de::Error>(self) -> Result<Item, E> {
+        Ok(Item::String)
+    }
+    fn integer<E: de::Error>(self) -> Result<Item, E> {
+        Ok(Item::Integer)
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Item, A::Error> {
+        while seq.next_element_seed(Check(Token(self.0)))?.is_some() {}
+        Ok(Item::Integers)
+    }
+}
+
+/// An element of an integer array inside `input`.
+struct Token<'p>(&'p Problem);
+
+impl<'de> Shape<'de> for Token<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        INPUT.into()
+    }
+    fn integer<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
