@@ -72,6 +72,8 @@ fmt:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets --features fuzzing -- -D warnings
+# No import circles between src/ files (scripts/modgraph.py): each builds on lower-level ones.
+	python3 scripts/modgraph.py src
 
 clean:
 	$(CARGO) clean
