@@ -1,4 +1,4 @@
-//! The command line of interface.md: `serve` and `keys create|list|revoke`.
+//! The command line (docs/reference.md): `serve` and `keys create|list|revoke`.
 
 use std::path::PathBuf;
 

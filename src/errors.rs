@@ -56,7 +56,7 @@ impl GatewayError {
     }
 
     /// The JSON body. Built from static parts so an error costs no formatting;
-    /// the 401 body is pinned byte for byte by the contract.
+    /// the 401 body is fixed byte for byte (docs/reference.md).
     pub fn body(self) -> Bytes {
         Bytes::from_static(match self {
             GatewayError::BadRequest(Malformed::DotSegment) => {
@@ -187,7 +187,8 @@ impl GatewayError {
         header.insert_header("x-request-id", request_id)?;
         header.insert_header("cache-control", "no-store")?;
         match self {
-            // Byte-identical for every failure: no error= attribute (the contract hides the reason).
+            // Byte-identical for every failure: no error= attribute, so the reason stays hidden
+            // (docs/reference.md).
             GatewayError::Unauthorized => header.insert_header("www-authenticate", "Bearer")?,
             GatewayError::MethodNotAllowed => header.insert_header("allow", ALLOWED_METHODS)?,
             GatewayError::RateLimited(seconds) => header.insert_header("retry-after", seconds)?,

@@ -1,4 +1,4 @@
-//! Prometheus metrics (names pinned by interface.md) on a registry of our own, served at
+//! Prometheus metrics (names as docs/reference.md lists them) on a registry of our own, served at
 //! `GET /metrics` on the `[metrics] listen` address. Labels are bounded enumerations only.
 
 use std::time::Duration;

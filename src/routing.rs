@@ -33,7 +33,7 @@ pub fn is_health_target(target: &[u8]) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest[0] == b'?')
 }
 
-/// Method, then path shape, in the order the interface pins.
+/// Method, then path shape, in the order docs/reference.md gives.
 pub fn classify<'a>(method: &Method, target: &'a [u8]) -> Result<Target<'a>, GatewayError> {
     if !is_allowed_method(method) {
         return Err(GatewayError::MethodNotAllowed);

@@ -1,5 +1,5 @@
 //! The key operations: create, list, revoke, for the caller's own keys (every key with the
-//! admin scope). Bodies and answers are the shapes pinned in interface.md.
+//! admin scope). Bodies and answers are the shapes docs/console-and-key-api.md gives.
 
 use serde::Serialize;
 use serde_json::{Map, Value};

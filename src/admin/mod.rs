@@ -31,7 +31,8 @@ use reply::Reply;
 /// The metrics and access-log label of every admin request.
 const SERVICE_LABEL: &str = "_admin";
 
-/// Served at `GET /openapi.json`: the API as pinned, for clients and the schema tests.
+/// Served at `GET /openapi.json`: the API of docs/console-and-key-api.md, for clients and the
+/// schema tests.
 const OPENAPI: &str = include_str!("openapi.json");
 
 pub struct AdminApp {

@@ -1,4 +1,4 @@
-//! Header hygiene in both directions (interface.md "Headers").
+//! Header hygiene in both directions (the header rules of docs/reference.md).
 
 use std::net::IpAddr;
 
