@@ -18,10 +18,10 @@ build: deps
 run: build
 	scripts/demo.sh
 
-# promtool (Debian's prometheus package) lints the real /metrics output in tests/metrics.rs;
-# the openssl CLI makes the throwaway CA of tests/tls.rs; PostgreSQL's server binaries run the
-# fleet key-store tests (tests/common/postgres.rs starts its own server in a temp directory);
-# redis-server runs the fleet rate-limit tests (tests/common/redis.rs, likewise).
+# promtool (Debian's prometheus package) lints the real /metrics output in tests/it/metrics.rs;
+# the openssl CLI makes the throwaway CA of tests/it/tls.rs; PostgreSQL's server binaries run the
+# fleet key-store tests (testkit/src/postgres.rs starts its own server in a temp directory);
+# redis-server runs the fleet rate-limit tests (testkit/src/redis.rs, likewise).
 test-deps: deps
 	@command -v promtool >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 || { \
 	  echo "installing promtool (Debian package prometheus) and openssl"; \

@@ -2,11 +2,7 @@
 //! the store (SQLite, and a throwaway PostgreSQL server started for the run), JWT verification per algorithm with and without the verified-token cache.
 //! Run with `make bench` (or `cargo bench --bench auth`); figures go to stdout.
 
-#[path = "../tests/common/idp.rs"]
-mod idp;
-#[allow(dead_code)] // the tests' helper: stop, restart and sql are theirs
-#[path = "../tests/common/postgres.rs"]
-mod postgres;
+use testkit::{idp, postgres};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,11 +1,10 @@
-//! The test IdP (`tests/common/idp.rs`) as a process, for the load benchmark: serves discovery
+//! The test kit's IdP (`testkit::idp`) as a process, for the load benchmark: serves discovery
 //! and JWKS on 127.0.0.1 with one RSA key, and prints the issuer and one long-lived RS256 access
 //! token (scopes `infer chatx`, audience `portcullis`), then serves until killed or `--max-life-s`.
 //!
 //! Output, one per line: `issuer <url>`, `token <jwt>`.
 
-#[path = "../../tests/common/idp.rs"]
-mod idp;
+use testkit::idp;
 
 use std::io::Write;
 use std::time::Duration;

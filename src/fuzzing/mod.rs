@@ -1,6 +1,6 @@
 //! The invariants every parser that reads client bytes promises, as checks that panic when
 //! one is broken. One definition serves the libFuzzer targets (`fuzz/`), the replay of their
-//! corpora in `make test` (`tests/fuzz_corpus.rs`) and the property tests.
+//! corpora in `make test` (`tests/it/fuzz_corpus.rs`) and the property tests.
 //! Each check takes arbitrary bytes and must never panic for a reason other than a broken
 //! invariant.
 

@@ -1,4 +1,4 @@
-//! The limiters, and the GCRA script against a real redis-server (tests/common/redis.rs).
+//! The limiters, and the GCRA script against a real redis-server (`testkit::redis`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,9 +11,7 @@ use super::{Backend, Limit};
 use crate::auth::{Principal, PrincipalKind};
 use crate::config::RedisServer as RedisUrl;
 
-#[path = "../../tests/common/redis.rs"]
-mod server;
-use server::RedisServer;
+use testkit::redis::RedisServer;
 
 fn caller(id: &str) -> Principal {
     Principal {

@@ -1,8 +1,7 @@
 //! End-to-end tests of the verifier against a tiny identity provider on 127.0.0.1, with
 //! RSA, EC P-256 and Ed25519 keys generated at run time.
 
-#[path = "../../../tests/common/idp.rs"]
-mod idp;
+use testkit::idp;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -2,13 +2,11 @@
 //! store; a revoke reaches every gateway within a second through LISTEN/NOTIFY, also after
 //! the listening connection was killed; a store outage costs no waiting and no 5xx.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::postgres::{Postgres, PASSWORD};
-use common::upstream::Upstream;
-use common::{cli, Gateway, Service};
+use testkit::postgres::{Postgres, PASSWORD};
+use testkit::Upstream;
+use testkit::{cli, Gateway, Service};
 
 /// Gateways whose cache would keep a revoked key for a minute: only the push can be fast.
 fn fleet(pg: &Postgres, up: &Upstream, n: usize) -> Vec<Gateway> {

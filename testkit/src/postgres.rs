@@ -56,7 +56,7 @@ impl Postgres {
         let mut local = Local {
             dir,
             bin,
-            port: super::free_port(),
+            port: crate::net::free_port(),
             child: None,
             as_postgres,
         };

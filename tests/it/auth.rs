@@ -1,16 +1,14 @@
 //! Authentication and authorisation end to end: keys made and revoked through the real CLI,
 //! JWTs signed by a test identity provider, all checked by the real gateway binary.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::idp::{Idp, TestKey};
-use common::upstream::Upstream;
-use common::{cli, header, Gateway, Service};
 use serde_json::json;
+use testkit::idp::{Idp, TestKey};
+use testkit::Upstream;
+use testkit::{cli, header, Gateway, Service};
 
-fn get(gw: &Gateway, path: &str, token: &str) -> common::RawResponse {
+fn get(gw: &Gateway, path: &str, token: &str) -> testkit::RawResponse {
     gw.raw(format!("GET {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n").as_bytes())
 }
 
@@ -18,7 +16,7 @@ fn status(gw: &Gateway, path: &str, token: &str) -> u16 {
     get(gw, path, token).0
 }
 
-fn two_services(up: &Upstream) -> common::GatewayBuilder<'static> {
+fn two_services(up: &Upstream) -> testkit::GatewayBuilder<'static> {
     Gateway::builder()
         .service(Service::new("infer", up.url("")))
         .service(Service::new("embed", up.url("")))
@@ -284,12 +282,12 @@ async fn bad_jwts_all_get_the_one_401() {
     let idp = Idp::start(&[&rsa]).await;
     let up = Upstream::start();
     let gw = jwt_gateway(&up, &idp).await;
-    let now = common::idp::unix_now();
+    let now = testkit::idp::unix_now();
     let mut id_token_header = rsa.header();
     id_token_header.as_object_mut().unwrap().remove("typ");
     let mut none_header = rsa.header();
     none_header["alg"] = json!("none");
-    let good_claims = common::idp::claims(&idp.issuer);
+    let good_claims = testkit::idp::claims(&idp.issuer);
     let bad = [
         ("expired", token(&rsa, &idp, json!({"exp": now - 120}))),
         (
@@ -316,7 +314,10 @@ async fn bad_jwts_all_get_the_one_401() {
         ),
         (
             "alg none",
-            format!("{}.c2ln", common::idp::unsigned(&none_header, &good_claims)),
+            format!(
+                "{}.c2ln",
+                testkit::idp::unsigned(&none_header, &good_claims)
+            ),
         ),
     ];
     tokio::task::block_in_place(|| {

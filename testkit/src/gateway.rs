@@ -1,57 +1,26 @@
-//! Test harness: a recording upstream on real TCP, the real gateway binary as a child
-//! process on loopback, API keys made through the real CLI, and a raw HTTP client for
-//! requests no well-behaved client library would send.
-#![allow(dead_code)]
+//! The real gateway binary as a child process on loopback: started from a typed config,
+//! waited for, signalled, and driven through its real CLI (keys made as an operator would).
 
-pub mod dns;
-pub mod idp;
-pub mod postgres;
-pub mod redis;
-pub mod replica;
-pub mod upstream;
-
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Status, lower-cased headers in order, body.
-pub type RawResponse = (u16, Vec<(String, String)>, Vec<u8>);
+use crate::config::{GatewayConfig, Service};
+use crate::http::{client, raw, try_raw, RawResponse};
+use crate::net::free_port;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_portcullis");
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-pub struct Service<'a> {
-    pub name: &'a str,
-    pub upstream: String,
-    pub scope: &'a str,
-    /// Extra lines inside the service's table, e.g. `read_timeout_seconds = 1`.
-    pub extra: &'a str,
-}
-
-impl<'a> Service<'a> {
-    pub fn new(name: &'a str, upstream: impl Into<String>) -> Service<'a> {
-        Service {
-            name,
-            upstream: upstream.into(),
-            scope: name,
-            extra: "",
-        }
+/// The gateway binary: `$PORTCULLIS_BIN`, or `portcullis` in the cargo profile directory the
+/// running test or bench was built into (its executable sits in `<profile>/deps/`).
+pub fn gateway_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("PORTCULLIS_BIN") {
+        return bin.into();
     }
-
-    /// A service with a list of replicas: `upstream = ["url1", "url2", …]`.
-    pub fn replicas(name: &'a str, urls: &[String]) -> Service<'a> {
-        let list: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
-        Service::new(name, format!("[{}]", list.join(", ")))
-    }
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>");
+    profile.join("portcullis")
 }
 
 pub struct Gateway {
@@ -63,27 +32,21 @@ pub struct Gateway {
 }
 
 pub struct GatewayBuilder<'a> {
-    services: Vec<Service<'a>>,
-    extra: String,
+    config: GatewayConfig<'a>,
     env: Vec<(String, String)>,
-    cache_ttl: u64,
-    grace_period: u64,
-    max_body: u64,
-    /// `[auth.api_keys] database`; a SQLite file of the gateway's own by default.
-    key_store: Option<String>,
     args: Vec<String>,
 }
 
 impl<'a> GatewayBuilder<'a> {
     pub fn service(mut self, s: Service<'a>) -> Self {
-        self.services.push(s);
+        self.config.services.push(s);
         self
     }
 
     /// Extra TOML appended after the generated sections; `{dir}` stands for the gateway's
     /// temporary directory.
     pub fn extra(mut self, toml: &str) -> Self {
-        self.extra.push_str(toml);
+        self.config.extra.push_str(toml);
         self
     }
 
@@ -93,24 +56,24 @@ impl<'a> GatewayBuilder<'a> {
     }
 
     pub fn cache_ttl(mut self, seconds: u64) -> Self {
-        self.cache_ttl = seconds;
+        self.config.cache_ttl = seconds;
         self
     }
 
-    /// `server.grace_period_seconds` (default 5).
     /// A key store shared with other gateways, e.g. a Postgres URL.
     pub fn key_store(mut self, database: &str) -> Self {
-        self.key_store = Some(database.to_string());
+        self.config.key_store = Some(database.to_string());
         self
     }
 
     pub fn max_body(mut self, bytes: u64) -> Self {
-        self.max_body = bytes;
+        self.config.max_body = bytes;
         self
     }
 
+    /// `server.grace_period_seconds` (default 5).
     pub fn grace_period(mut self, seconds: u64) -> Self {
-        self.grace_period = seconds;
+        self.config.grace_period = seconds;
         self
     }
 
@@ -124,39 +87,10 @@ impl<'a> GatewayBuilder<'a> {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let metrics_port = free_port();
-        let d = dir.path().display();
-        let mut toml = format!(
-            "[server]\nlisten = [\"127.0.0.1:{port}\"]\nthreads = 2\n\
-             grace_period_seconds = {}\ngraceful_shutdown_timeout_seconds = 1\n\
-             upgrade_sock = \"{d}/upgrade.sock\"\npid_file = \"{d}/portcullis.pid\"\n\
-             max_request_body_bytes = {}\n\
-             [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\
-             [auth.api_keys]\ndatabase = \"{}\"\n\
-             cache_ttl_seconds = {}\nnegative_cache_ttl_seconds = 1\n",
-            self.grace_period,
-            self.max_body,
-            self.key_store
-                .clone()
-                .unwrap_or_else(|| format!("sqlite://{d}/keys.db")),
-            self.cache_ttl
-        );
-        for s in &self.services {
-            // A list (from `Service::replicas`) is written as it is, a single URL quoted.
-            let upstream = if s.upstream.starts_with('[') {
-                s.upstream.clone()
-            } else {
-                format!("\"{}\"", s.upstream)
-            };
-            toml.push_str(&format!(
-                "[services.{}]\nupstream = {}\nscope = \"{}\"\n{}\n",
-                s.name, upstream, s.scope, s.extra
-            ));
-        }
-        toml.push_str(&self.extra.replace("{dir}", &d.to_string()));
         let config = dir.path().join("portcullis.toml");
-        std::fs::write(&config, toml).unwrap();
+        std::fs::write(&config, self.config.render(dir.path(), port, metrics_port)).unwrap();
         let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(gateway_bin());
         cmd.args(["serve", "--config"])
             .arg(&config)
             .args(&self.args)
@@ -182,13 +116,8 @@ impl<'a> GatewayBuilder<'a> {
 impl Gateway {
     pub fn builder<'a>() -> GatewayBuilder<'a> {
         GatewayBuilder {
-            services: Vec::new(),
-            extra: String::new(),
+            config: GatewayConfig::default(),
             env: Vec::new(),
-            cache_ttl: 15,
-            grace_period: 5,
-            max_body: 4096,
-            key_store: None,
             args: Vec::new(),
         }
     }
@@ -323,7 +252,7 @@ impl Gateway {
     pub fn spawn_serve(&self, config: &Path, args: &[&str], log_name: &str) -> Proc {
         let log = self.dir.path().join(log_name);
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
+        let child = Command::new(gateway_bin())
             .args(["serve", "--config"])
             .arg(config)
             .args(args)
@@ -421,39 +350,11 @@ pub fn pid_alive(pid: u32) -> bool {
     !matches!(state, Some('Z') | Some('X') | None)
 }
 
-/// Reads one response with a Content-Length from a connection that may be kept alive.
-/// `Ok(None)` when the server closed the connection before sending a byte of it.
-pub fn read_response(s: &mut TcpStream) -> std::io::Result<Option<RawResponse>> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        match s.read(&mut chunk) {
-            Ok(0) if buf.is_empty() => return Ok(None),
-            Ok(0) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && buf.is_empty() => {
-                return Ok(None)
-            }
-            Err(e) => return Err(e),
-        }
-        if let Some(done) = complete_response(&buf) {
-            buf.truncate(done);
-            break;
-        }
-    }
-    parse_response(&buf).map(Some).ok_or_else(|| {
-        std::io::Error::other(format!(
-            "unparsable response: {:?}",
-            String::from_utf8_lossy(&buf)
-        ))
-    })
-}
-
 /// Writes `toml` to `dir/c.toml` and runs `serve -t` on it: (succeeded, stderr).
 pub fn check_config(dir: &Path, toml: &str) -> (bool, String) {
     let config = dir.join("c.toml");
     std::fs::write(&config, toml).unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(gateway_bin())
         .args(["serve", "-t", "--config"])
         .arg(&config)
         .output()
@@ -464,109 +365,13 @@ pub fn check_config(dir: &Path, toml: &str) -> (bool, String) {
     )
 }
 
-/// A gateway whose `infer` upstream refuses connections and whose `embed` upstream is `up`
-/// with a one-second read timeout: the shapes of 502 and 504.
-pub fn failing_gateway(up: &upstream::Upstream) -> Gateway {
-    let dead = format!("http://127.0.0.1:{}", free_port());
-    Gateway::builder()
-        .service(Service::new("infer", dead))
-        .service(Service {
-            extra: "read_timeout_seconds = 1",
-            ..Service::new("embed", up.url(""))
-        })
-        .start()
-}
-
 /// Runs the CLI with `--config` appended to the subcommand's arguments.
 pub fn cli(config: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(BIN)
+    Command::new(gateway_bin())
         .args(args)
         .arg("--config")
         .arg(config)
         .stdin(Stdio::null())
         .output()
-        .unwrap()
-}
-
-pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
-}
-
-/// Sends raw bytes (the request should say `Connection: close`) and parses the response.
-pub fn raw(port: u16, request: &[u8]) -> RawResponse {
-    try_raw(port, request).unwrap_or_else(|e| panic!("raw request failed: {e}"))
-}
-
-pub fn try_raw(port: u16, request: &[u8]) -> std::io::Result<RawResponse> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(15)))?;
-    s.write_all(request)?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        match s.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && !buf.is_empty() => break,
-            Err(e) => return Err(e),
-        }
-        if let Some(done) = complete_response(&buf) {
-            buf.truncate(done);
-            break;
-        }
-    }
-    parse_response(&buf).ok_or_else(|| {
-        std::io::Error::other(format!(
-            "unparsable response: {:?}",
-            String::from_utf8_lossy(&buf)
-        ))
-    })
-}
-
-/// Length of a complete response with a Content-Length, so keep-alive replies need no close.
-fn complete_response(buf: &[u8]) -> Option<usize> {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut resp = httparse::Response::new(&mut headers);
-    let httparse::Status::Complete(head) = resp.parse(buf).ok()? else {
-        return None;
-    };
-    let len: usize = resp
-        .headers
-        .iter()
-        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-        .and_then(|h| std::str::from_utf8(h.value).ok()?.parse().ok())?;
-    (buf.len() >= head + len).then_some(head + len)
-}
-
-/// Header names lowercased, values as text: how the test servers and clients record headers.
-pub fn header_pairs(headers: &[httparse::Header]) -> Vec<(String, String)> {
-    headers
-        .iter()
-        .map(|h| {
-            (
-                h.name.to_ascii_lowercase(),
-                String::from_utf8_lossy(h.value).into_owned(),
-            )
-        })
-        .collect()
-}
-
-fn parse_response(buf: &[u8]) -> Option<RawResponse> {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut resp = httparse::Response::new(&mut headers);
-    let httparse::Status::Complete(head) = resp.parse(buf).ok()? else {
-        return None;
-    };
-    let headers = header_pairs(resp.headers);
-    Some((resp.code?, headers, buf[head..].to_vec()))
-}
-
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
         .unwrap()
 }

@@ -1,7 +1,6 @@
 //! A tiny identity provider for tests: RSA, EC P-256 and Ed25519 keys made at run time,
-//! tokens signed with them, and a discovery + JWKS server on 127.0.0.1. Shared by the
-//! verifier's unit tests (through `#[path]`) and the gateway's integration tests.
-#![allow(dead_code)]
+//! tokens signed with them, and a discovery + JWKS server on 127.0.0.1. Used by the
+//! verifier's unit tests and the gateway's integration tests.
 
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

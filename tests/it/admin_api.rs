@@ -1,12 +1,10 @@
 //! The key-management API (`[admin]`) end to end: the real binary, tokens signed by a test
 //! identity provider, keys used on the real data plane against a real upstream.
 
-mod common;
-
-use common::idp::{Idp, TestKey};
-use common::upstream::Upstream;
-use common::{cli, free_port, header, raw, Gateway, RawResponse, Service};
 use serde_json::{json, Value};
+use testkit::idp::{Idp, TestKey};
+use testkit::Upstream;
+use testkit::{cli, free_port, header, raw, Gateway, RawResponse, Service};
 
 const ORIGIN: &str = "https://console.example.com";
 
@@ -129,7 +127,7 @@ impl Admin {
 fn wait_for_admin(port: u16) {
     let request = b"GET /openapi.json HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
     for _ in 0..200 {
-        if tokio::task::block_in_place(|| common::try_raw(port, request)).is_ok_and(|r| r.0 == 200)
+        if tokio::task::block_in_place(|| testkit::try_raw(port, request)).is_ok_and(|r| r.0 == 200)
         {
             return;
         }
@@ -579,7 +577,7 @@ async fn an_old_sqlite_key_database_migrates_and_keeps_its_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_postgres_the_key_limit_holds_under_concurrent_creates_and_api_revokes_reach_the_fleet()
 {
-    let pg = common::postgres::Postgres::start();
+    let pg = testkit::postgres::Postgres::start();
     let a = Admin::start_on("max_keys_per_owner = 3", Some(&pg.url)).await;
     let other = tokio::task::block_in_place(|| {
         Gateway::builder()

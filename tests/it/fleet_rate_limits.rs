@@ -1,15 +1,13 @@
 //! Fleet rate limits: three gateway processes sharing one key store and one real Redis
-//! (tests/common/redis.rs; no mocks) enforce `rate_limit_per_minute` together; with Redis
+//! (`testkit::redis`; no mocks) enforce `rate_limit_per_minute` together; with Redis
 //! stopped each falls back to its own count, fast and without a 5xx; with Redis back, the
 //! shared count returns without a restart.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::redis::RedisServer;
-use common::upstream::Upstream;
-use common::{free_port, header, raw, Gateway, Service};
+use testkit::redis::RedisServer;
+use testkit::Upstream;
+use testkit::{free_port, header, raw, Gateway, Service};
 
 /// Per caller per minute on `infer`. GCRA lets `LIMIT` through at once, then one every
 /// `60 s / LIMIT` (2 s).
@@ -29,10 +27,7 @@ fn fleet(up: &Upstream, redis_url: &str) -> Fleet {
         .map(|_| {
             Gateway::builder()
                 .key_store(&database)
-                .service(Service {
-                    extra: "rate_limit_per_minute = 30",
-                    ..Service::new("infer", up.url(""))
-                })
+                .service(Service::new("infer", up.url("")).rate_limit_per_minute(30))
                 .extra(&rate_limits)
                 .start()
         })
@@ -255,10 +250,7 @@ fn a_gateway_starts_and_limits_per_process_while_redis_is_down() {
     // Nothing listens there.
     let redis = format!("redis://127.0.0.1:{}", free_port());
     let gw = Gateway::builder()
-        .service(Service {
-            extra: "rate_limit_per_minute = 3",
-            ..Service::new("infer", up.url(""))
-        })
+        .service(Service::new("infer", up.url("")).rate_limit_per_minute(3))
         .extra(&format!("[rate_limits]\nredis = \"{redis}\"\n"))
         .start();
     let (key, _) = gw.create_key("infer", &[]);

@@ -2,12 +2,10 @@
 //! platform roots or a service's own `ca_file`. A real TLS server (Python's ssl) on loopback,
 //! with a throwaway CA made by the openssl CLI.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use common::{Gateway, Service};
+use testkit::{Gateway, Service};
 
 /// A CA, and a leaf for `san` signed by it, written into `dir`.
 fn make_certs(dir: &Path, san: &str) {
@@ -140,24 +138,19 @@ fn https_upstreams_are_verified_against_the_host_name() {
     let misnamed = TlsUpstream::start(wrong.path());
     let ca = certs.path().join("ca.pem");
     let wrong_ca = wrong.path().join("ca.pem");
-    let trusted = format!("ca_file = \"{}\"", ca.display());
-    let trusted_wrong = format!("ca_file = \"{}\"", wrong_ca.display());
     let gw = Gateway::builder()
         // Trusted CA, right name: served over TLS.
-        .service(Service {
-            extra: &trusted,
-            ..Service::new("good", format!("https://127.0.0.1:{}", good.port))
-        })
+        .service(Service::new("good", format!("https://127.0.0.1:{}", good.port)).ca_file(&ca))
         // Platform roots only: the private CA is not trusted.
         .service(Service::new(
             "untrusted",
             format!("https://127.0.0.1:{}", good.port),
         ))
         // Trusted CA, but the certificate names another host.
-        .service(Service {
-            extra: &trusted_wrong,
-            ..Service::new("misnamed", format!("https://127.0.0.1:{}", misnamed.port))
-        })
+        .service(
+            Service::new("misnamed", format!("https://127.0.0.1:{}", misnamed.port))
+                .ca_file(&wrong_ca),
+        )
         .start();
     let (key, _) = gw.create_key("good,untrusted,misnamed", &[]);
     assert_eq!(
@@ -178,7 +171,7 @@ fn https_upstreams_are_verified_against_the_host_name() {
 fn a_bad_ca_file_is_refused_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("junk.pem"), "not a certificate").unwrap();
-    let (ok, err) = common::check_config(
+    let (ok, err) = testkit::check_config(
         dir.path(),
         &format!(
             "[services.x]\nupstream = \"https://127.0.0.1:1\"\nscope = \"x\"\nca_file = \"{0}/junk.pem\"\n\
@@ -197,8 +190,8 @@ fn a_bad_ca_file_is_refused_at_start_up() {
 async fn the_gateway_terminates_tls_on_its_tls_listeners() {
     let certs = tempfile::tempdir().unwrap();
     make_certs(certs.path(), "IP:127.0.0.1");
-    let up = common::upstream::Upstream::start();
-    let tls_port = common::free_port();
+    let up = testkit::Upstream::start();
+    let tls_port = testkit::free_port();
     let tls = format!(
         "[server.tls]\nlisten = [\"127.0.0.1:{tls_port}\"]\ncert_file = \"{0}/leaf.pem\"\nkey_file = \"{0}/leaf.key\"\n",
         certs.path().display()
@@ -264,7 +257,7 @@ async fn the_gateway_terminates_tls_on_its_tls_listeners() {
 fn unreadable_tls_material_is_refused_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("cert.pem"), "nope").unwrap();
-    let (ok, err) = common::check_config(
+    let (ok, err) = testkit::check_config(
         dir.path(),
         &format!(
             "[server]\nlisten = []\n[server.tls]\nlisten = [\"127.0.0.1:1\"]\n\

@@ -1,8 +1,6 @@
 //! Operations at the edge, against the real binary: graceful upgrade (`-u` + SIGQUIT),
 //! SIGTERM drain, SIGINT, daemon mode and `-t`. The access log is in `access_log.rs`.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,8 +8,8 @@ use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use common::upstream::Upstream;
-use common::{header, pid_alive, signal_pid, Gateway, Service};
+use testkit::Upstream;
+use testkit::{header, pid_alive, signal_pid, Gateway, Service};
 
 fn get(path: &str, key: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n").into_bytes()
@@ -41,7 +39,7 @@ impl Traffic {
             thread::spawn(move || {
                 let mut stats = Stats::default();
                 while !stop.load(Ordering::Relaxed) {
-                    match common::try_raw(port, &request) {
+                    match testkit::try_raw(port, &request) {
                         Ok((200, _, _)) => stats.ok += 1,
                         Ok((status, _, body)) => stats.failed.push(format!(
                             "fresh: {status} {}",
@@ -75,7 +73,7 @@ impl Traffic {
                     s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
                     let response = s
                         .write_all(&request)
-                        .and_then(|_| common::read_response(&mut s));
+                        .and_then(|_| testkit::read_response(&mut s));
                     match response {
                         Ok(Some((200, headers, _))) => {
                             stats.ok += 1;
@@ -358,7 +356,7 @@ fn config_test_flag_accepts_a_good_file_and_lists_every_problem_in_a_bad_one() {
         "[access_log]\ndestination = \"off\"\n[services.a]\nupstream = \"http://127.0.0.1:1\"\nscope = \"a\"\n",
     )
     .unwrap();
-    let out = common::cli(&good, &["serve", "-t"]);
+    let out = testkit::cli(&good, &["serve", "-t"]);
     assert!(
         out.status.success(),
         "{}",
@@ -376,7 +374,7 @@ fn config_test_flag_accepts_a_good_file_and_lists_every_problem_in_a_bad_one() {
          [services.b]\nupstream = \"http://127.0.0.1:1\"\n",
     )
     .unwrap();
-    let out = common::cli(&bad, &["serve", "-t"]);
+    let out = testkit::cli(&bad, &["serve", "-t"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     for key in [
@@ -401,7 +399,7 @@ fn config_test_flag_accepts_a_good_file_and_lists_every_problem_in_a_bad_one() {
     );
     // A TOML syntax error is one line in all.
     std::fs::write(&bad, "[server]\nthreads = = 2\n").unwrap();
-    let out = common::cli(&bad, &["serve", "-t"]);
+    let out = testkit::cli(&bad, &["serve", "-t"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -488,7 +486,7 @@ fn shutdown_under_load_with_a_dying_upstream_always_ends_in_time_without_a_log_f
                         "POST /v1/infer/v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                         body.len()
                     );
-                    let _ = common::try_raw(port, req.as_bytes());
+                    let _ = testkit::try_raw(port, req.as_bytes());
                 })
             })
             .collect();

@@ -1,12 +1,10 @@
 //! The Prometheus endpoint on a real gateway: pinned names, bounded labels, the stream gauge
 //! returning to zero, and the exposition format as promtool reads it.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::upstream::Upstream;
-use common::{Gateway, Service};
+use testkit::Upstream;
+use testkit::{Gateway, Service};
 
 fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
     metrics
@@ -99,7 +97,7 @@ async fn requests_failures_and_streams_are_counted_with_bounded_labels() {
             1.0,
         ),
     ];
-    // Recorded in the logging phase, just after the response is sent: poll, do not snapshot.
+    // Hit in the logging phase, just after the response is sent: poll, do not snapshot.
     tokio::task::block_in_place(|| {
         for (series, want) in expect {
             wait_for(&gw, series, want);
@@ -170,7 +168,7 @@ fn the_exposition_passes_promtool() {
 #[test]
 fn operator_counters_track_upstream_failures_and_key_store_lookups() {
     let up = Upstream::start();
-    let gw = common::failing_gateway(&up);
+    let gw = crate::failing_gateway(&up);
     let (key, _) = gw.create_key("infer,embed", &[]);
     let unknown = format!("ak_00000000000000bb.{}", "c".repeat(43));
     for (path, token) in [

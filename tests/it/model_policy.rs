@@ -1,19 +1,15 @@
 //! `api = "openai"` services against the real binary: strict body validation, the model
 //! policy (default, aliases) with correct upstream framing, and token usage accounting.
 
-mod common;
-
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::upstream::{Recorded, Upstream};
-use common::{header, read_response, Gateway, RawResponse, Service};
 use serde_json::{json, Value};
+use testkit::{header, read_response, Gateway, RawResponse, Service};
+use testkit::{Hit, Upstream};
 
-const CHATX_POLICY: &str = "api = \"openai\"\n[services.chatx.models]\n\
-    default = \"x-large-2\"\naliases = { large = \"x-large-2\", small = \"x-small-1\" }\n";
 const CHAT: &str = "/v1/infer/v1/chat/completions";
 const CHATX: &str = "/v1/chatx/v1/chat/completions";
 const EMBED: &str = "/v1/embed/v1/embeddings";
@@ -23,18 +19,12 @@ const EMBED: &str = "/v1/embed/v1/embeddings";
 /// same upstream without `api`: the control.
 fn gateway(up: &Upstream) -> (Gateway, String) {
     let gw = Gateway::builder()
-        .service(Service {
-            extra: "api = \"openai\"",
-            ..Service::new("infer", up.url("/oa/infer"))
-        })
-        .service(Service {
-            extra: CHATX_POLICY,
-            ..Service::new("chatx", up.url("/oa/chatx"))
-        })
-        .service(Service {
-            extra: "api = \"openai\"",
-            ..Service::new("embed", up.url("/oa/embed"))
-        })
+        .service(Service::new("infer", up.url("/oa/infer")).openai())
+        .service(Service::new("chatx", up.url("/oa/chatx")).openai().models(
+            "x-large-2",
+            &[("large", "x-large-2"), ("small", "x-small-1")],
+        ))
+        .service(Service::new("embed", up.url("/oa/embed")).openai())
         .service(Service::new("plain", up.url("/oa/plain")))
         .max_body(8 * 1024 * 1024)
         .extra("[access_log]\ndestination = \"{dir}/access.log\"\n")
@@ -66,7 +56,7 @@ fn message_of(body: &[u8]) -> String {
 }
 
 /// The upstream's framing must match the bytes it got: an exact Content-Length, or chunked.
-fn assert_framing_consistent(r: &Recorded) {
+fn assert_framing_consistent(r: &Hit) {
     match (r.header("content-length"), r.header("transfer-encoding")) {
         (Some(len), None) => assert_eq!(len.parse::<usize>().unwrap(), r.body.len()),
         (None, Some(te)) => assert!(te.contains("chunked"), "{te}"),
@@ -429,7 +419,7 @@ async fn usage_is_counted_from_json_and_from_streams_split_across_segments() {
     );
     // The stream's usage event reaches the gateway in two reads 200 ms apart.
     let stream = br#"{"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
-    let resp = common::client()
+    let resp = testkit::client()
         .post(gw.url(&format!("{CHATX}?n=3&gap_ms=20&split_ms=200")))
         .bearer_auth(&key)
         .header("x-request-id", "u-sse")
@@ -479,7 +469,7 @@ async fn usage_is_counted_from_json_and_from_streams_split_across_segments() {
 /// When each chunk of a stream arrives, relative to the first.
 async fn arrivals(gw: &Gateway, key: &str, path: &str) -> Vec<Duration> {
     let body = br#"{"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let mut resp = common::client()
+    let mut resp = testkit::client()
         .post(gw.url(path))
         .bearer_auth(key)
         .body(&body[..])

@@ -1,44 +1,39 @@
-//! Replicas end to end (issue 12): the real gateway binary in front of several recording
+//! Replicas end to end: the real gateway binary in front of several recording
 //! replicas on real TCP; load balancing, connect failover, health checks, passive ejection,
 //! no replay after a request reached a replica, live DNS, and what metrics and the access log
-//! say about it. The replicas are `common::replica`, the DNS server `common::dns`.
+//! say about it. The replicas are `testkit::upstream`, the DNS server `testkit::dns`.
 //!
 //! Config under test, per service: `upstream = [..]` (or one string), `balance`,
 //! `health_check = { path, interval_seconds, timeout_seconds }`, `dns_refresh_seconds`,
 //! `eject_after_connect_failures`, `eject_seconds`, `connect_timeout_seconds`; and `[dns] servers`.
-
-mod common;
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::dns::Dns;
-use common::replica::{free_port_on, Blackhole, HitLog, Replica};
-use common::{Gateway, Service};
+use testkit::dns::Dns;
+use testkit::{free_port_on, Blackhole, HitLog, Upstream};
+use testkit::{Gateway, Service};
 
 const HEALTH_1S: &str =
     "health_check = { path = \"/health\", interval_seconds = 1, timeout_seconds = 1 }";
 const DNS_NAME: &str = "replica.test";
 
 /// Replicas A, B and C, running, recording into `log`.
-fn three_replicas(log: &HitLog) -> [Replica; 3] {
-    ["A", "B", "C"].map(|name| Replica::local(name, log))
+fn three_replicas(log: &HitLog) -> [Upstream; 3] {
+    ["A", "B", "C"].map(|name| Upstream::local(name, log))
 }
 
-fn urls(replicas: &[&Replica]) -> Vec<String> {
-    replicas.iter().map(|r| r.url()).collect()
+fn urls(replicas: &[&Upstream]) -> Vec<String> {
+    replicas.iter().map(|r| r.url("")).collect()
 }
 
 /// The gateway with one service `infer` over `upstreams`; `service_extra` goes into the
 /// service's table, `extra` after it (e.g. `[dns]`, `[access_log]`).
 fn gateway(upstreams: &[String], service_extra: &str, extra: &str) -> Gateway {
     Gateway::builder()
-        .service(Service {
-            extra: service_extra,
-            ..Service::replicas("infer", upstreams)
-        })
+        .service(Service::replicas("infer", upstreams).lines(service_extra))
         .extra(extra)
         .start()
 }
@@ -52,7 +47,7 @@ async fn send(
     body: Option<&str>,
 ) -> Result<(u16, serde_json::Value), String> {
     let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-    let mut req = common::client()
+    let mut req = testkit::client()
         .request(method, gw.url(path))
         .bearer_auth(key)
         .timeout(Duration::from_secs(15));
@@ -190,9 +185,9 @@ async fn least_requests_by_default_sends_short_requests_to_the_replica_without_a
 #[tokio::test]
 async fn least_requests_keeps_new_requests_off_a_replica_holding_two_streams_and_rotates_ties() {
     let log = HitLog::new();
-    let a = Replica::local("A", &log);
-    let b = Replica::stopped_local("B", &log);
-    let c = Replica::stopped_local("C", &log);
+    let a = Upstream::local("A", &log);
+    let b = Upstream::stopped_local("B", &log);
+    let c = Upstream::stopped_local("C", &log);
     let service = format!("balance = \"least_requests\"\n{HEALTH_1S}");
     let gw = gateway(&urls(&[&a, &b, &c]), &service, "");
     let (key, _) = gw.create_key("infer", &[]);
@@ -565,9 +560,9 @@ async fn a_post_reset_on_a_reused_upstream_connection_is_not_replayed_either() {
 #[tokio::test]
 async fn a_refused_replica_is_skipped_so_every_request_succeeds_on_the_others() {
     let log = HitLog::new();
-    let a = Replica::local("A", &log);
-    let dead = Replica::stopped_local("DEAD", &log);
-    let c = Replica::local("C", &log);
+    let a = Upstream::local("A", &log);
+    let dead = Upstream::stopped_local("DEAD", &log);
+    let c = Upstream::local("C", &log);
     // No health check: only connect failover (then passive ejection) keeps DEAD out.
     let gw = gateway(&urls(&[&a, &dead, &c]), "balance = \"round_robin\"", "");
     let (key, _) = gw.create_key("infer", &[]);
@@ -592,10 +587,10 @@ async fn a_connect_timeout_fails_over_and_three_timeouts_eject_the_replica_until
 ) {
     let log = HitLog::new();
     let hole = Blackhole::start();
-    let good = Replica::local("G", &log);
+    let good = Upstream::local("G", &log);
     let service = "balance = \"round_robin\"\nconnect_timeout_seconds = 1\n\
                    eject_after_connect_failures = 3\neject_seconds = 4";
-    let gw = gateway(&[hole.url(), good.url()], service, "");
+    let gw = gateway(&[hole.url(), good.url("")], service, "");
     let (key, _) = gw.create_key("infer", &[]);
 
     let mut slow = Vec::new();
@@ -639,9 +634,9 @@ async fn every_replica_down_answers_502_promptly_while_healthz_stays_200_and_all
 {
     let log = HitLog::new();
     let reps = [
-        Replica::stopped_local("A", &log),
-        Replica::stopped_local("B", &log),
-        Replica::stopped_local("C", &log),
+        Upstream::stopped_local("A", &log),
+        Upstream::stopped_local("B", &log),
+        Upstream::stopped_local("C", &log),
     ];
     let service = format!("connect_timeout_seconds = 1\n{HEALTH_1S}");
     let gw = gateway(&urls(&[&reps[0], &reps[1], &reps[2]]), &service, "");
@@ -694,9 +689,9 @@ async fn every_replica_down_answers_502_promptly_while_healthz_stays_200_and_all
 async fn a_replica_failing_its_health_check_gets_no_requests_until_it_passes_again() {
     let log = HitLog::new();
     let (a, b, c) = (
-        Replica::local("A", &log),
-        Replica::stopped_local("B", &log),
-        Replica::local("C", &log),
+        Upstream::local("A", &log),
+        Upstream::stopped_local("B", &log),
+        Upstream::local("C", &log),
     );
     // A answers requests fine but its health check says 503; B refuses everything.
     a.set_healthy(false);
@@ -744,10 +739,10 @@ const P_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 const Q_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
 
 /// P on 127.0.0.2:PORT and Q on 127.0.0.3:PORT; the DNS name points at P.
-fn dns_setup(log: &HitLog) -> (Dns, Replica, Replica, u16) {
+fn dns_setup(log: &HitLog) -> (Dns, Upstream, Upstream, u16) {
     let port = free_port_on(&[P_IP, Q_IP]);
-    let p = Replica::start("P", SocketAddr::from((P_IP, port)), log);
-    let q = Replica::start("Q", SocketAddr::from((Q_IP, port)), log);
+    let p = Upstream::replica("P", SocketAddr::from((P_IP, port)), log);
+    let q = Upstream::replica("Q", SocketAddr::from((Q_IP, port)), log);
     let dns = Dns::start();
     dns.set(DNS_NAME, &[P_IP]);
     (dns, p, q, port)
@@ -777,10 +772,7 @@ async fn a_changed_dns_answer_moves_traffic_to_the_new_address_without_a_restart
     let (dns, _p, _q, port) = dns_setup(&log);
     // The single-string form of `upstream`, a host name instead of an address.
     let gw = Gateway::builder()
-        .service(Service {
-            extra: "dns_refresh_seconds = 1",
-            ..Service::new("infer", format!("http://{DNS_NAME}:{port}"))
-        })
+        .service(Service::new("infer", format!("http://{DNS_NAME}:{port}")).dns_refresh(1))
         .extra(&format!("[dns]\nservers = [\"{}\"]\n", dns.addr()))
         .start();
     let (key, _) = gw.create_key("infer", &[]);
@@ -812,10 +804,7 @@ async fn dns_failures_keep_the_last_good_address_off_the_request_path_and_a_late
     let (dns, _p, _q, port) = dns_setup(&log);
     // The list form of `upstream`, one replica named by DNS.
     let gw = Gateway::builder()
-        .service(Service {
-            extra: "dns_refresh_seconds = 1",
-            ..Service::replicas("infer", &[format!("http://{DNS_NAME}:{port}")])
-        })
+        .service(Service::replicas("infer", &[format!("http://{DNS_NAME}:{port}")]).dns_refresh(1))
         .extra(&format!("[dns]\nservers = [\"{}\"]\n", dns.addr()))
         .start();
     let (key, _) = gw.create_key("infer", &[]);
@@ -888,9 +877,9 @@ fn access_lines(path: &Path, want: &[String]) -> HashMap<String, serde_json::Val
 #[tokio::test]
 async fn the_access_log_names_the_replica_that_answered_and_null_when_none_did() {
     let log = HitLog::new();
-    let a = Replica::local("A", &log);
-    let dead = Replica::stopped_local("DEAD", &log);
-    let c = Replica::local("C", &log);
+    let a = Upstream::local("A", &log);
+    let dead = Upstream::stopped_local("DEAD", &log);
+    let c = Upstream::local("C", &log);
     let gw = gateway(
         &urls(&[&a, &dead, &c]),
         "balance = \"round_robin\"",
@@ -902,7 +891,7 @@ async fn the_access_log_names_the_replica_that_answered_and_null_when_none_did()
     let mut answered = HashMap::new();
     for i in 0..6 {
         let id = format!("replica-log-{i}");
-        let resp = common::client()
+        let resp = testkit::client()
             .get(gw.url(&format!("/v1/infer/log?i={i}")))
             .bearer_auth(&key)
             .header("x-request-id", &id)
@@ -942,8 +931,8 @@ async fn the_access_log_names_the_replica_that_answered_and_null_when_none_did()
 
 #[test]
 fn helper_dns_server_answers_a_records_nxdomain_and_nodata_over_udp_and_tcp() {
-    use common::dns::{a_query, parse_a_answer};
     use std::io::{Read, Write};
+    use testkit::dns::{a_query, parse_a_answer};
     let dns = Dns::start();
     dns.set("replica.test", &[P_IP, Q_IP]);
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -1007,8 +996,8 @@ async fn helper_replica_kill_resets_open_streams_refuses_connects_and_restarts_o
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let log = HitLog::new();
     let port = free_port_on(&[P_IP, Q_IP]);
-    let p = Replica::start("P", SocketAddr::from((P_IP, port)), &log);
-    let q = Replica::start("Q", SocketAddr::from((Q_IP, port)), &log);
+    let p = Upstream::replica("P", SocketAddr::from((P_IP, port)), &log);
+    let q = Upstream::replica("Q", SocketAddr::from((Q_IP, port)), &log);
     let ask = |addr: SocketAddr, req: &'static str| async move {
         let mut s = tokio::net::TcpStream::connect(addr).await?;
         s.write_all(req.as_bytes()).await?;

@@ -2,9 +2,6 @@
 //! one to use; otherwise Debian's `redis-server` (installed by `make test-deps`) is started on
 //! a free loopback port in a temporary directory, without persistence, and killed when
 //! dropped. `stop` and `start_again` make an outage on the same port.
-//!
-//! Self-contained (std and tempfile only): the library's unit tests include it too.
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

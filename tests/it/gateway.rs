@@ -1,21 +1,19 @@
 //! The gateway core end to end: real gateway binary, real TCP, a recording upstream.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::upstream::Upstream;
-use common::{header, Gateway, Service};
+use testkit::Upstream;
+use testkit::{header, Gateway, Service};
 
 fn gateway_with(up: &Upstream) -> Gateway {
     Gateway::builder()
         .service(Service::new("infer", up.url("/base")))
         .service(Service::new("embed", up.url("")))
-        .service(Service {
-            extra: "[services.chatx.upstream_headers]\nx-api-key = \"${TEST_UPSTREAM_SECRET}\"\n\
-                    authorization = \"Bearer ${TEST_UPSTREAM_SECRET}\"",
-            ..Service::new("chatx", up.url(""))
-        })
+        .service(
+            Service::new("chatx", up.url(""))
+                .upstream_header("x-api-key", "${TEST_UPSTREAM_SECRET}")
+                .upstream_header("authorization", "Bearer ${TEST_UPSTREAM_SECRET}"),
+        )
         .env("TEST_UPSTREAM_SECRET", "upstream-secret-42")
         .start()
 }
@@ -30,7 +28,7 @@ async fn forwards_rest_query_and_body_byte_for_byte() {
     let gw = gateway_with(&up);
     let (key, _) = gw.create_key("infer", &[]);
     let body = "{\"model\":\"alpha3.6-vl\",\"messages\":[{\"role\":\"user\",\"content\":\"h\u{e9}llo \\\"q\\\"\"}]}   \n";
-    let resp = common::client()
+    let resp = testkit::client()
         .post(gw.url("/v1/infer/v1/chat/completions?a=1&b=%2F&c=x%20y&&d"))
         .bearer_auth(&key)
         .body(body)
@@ -38,7 +36,11 @@ async fn forwards_rest_query_and_body_byte_for_byte() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.text().await.unwrap(), r#"{"ok":true}"#);
+    let answer: serde_json::Value = resp.json().await.unwrap();
+    let target = "/base/v1/chat/completions?a=1&b=%2F&c=x%20y&&d";
+    let expected =
+        serde_json::json!({"ok": true, "replica": "upstream", "method": "POST", "target": target});
+    assert_eq!(answer, expected, "the upstream's answer, unchanged");
     let got = up.last();
     assert_eq!(got.method, "POST");
     assert_eq!(got.target, "/base/v1/chat/completions?a=1&b=%2F&c=x%20y&&d");
@@ -303,7 +305,7 @@ async fn sse_reaches_the_client_chunk_by_chunk_even_with_gzip_accepted() {
     let up = Upstream::start();
     let gw = gateway_with(&up);
     let (key, _) = gw.create_key("infer", &[]);
-    let mut resp = common::client()
+    let mut resp = testkit::client()
         .post(gw.url("/v1/infer/v1/chat/sse?n=6&gap_ms=150"))
         .bearer_auth(&key)
         .header("accept-encoding", "gzip")
@@ -368,7 +370,7 @@ async fn a_client_leaving_mid_stream_closes_the_upstream_connection() {
 #[tokio::test]
 async fn healthz_answers_locally_without_auth_or_upstream() {
     // Upstreams that refuse every connection: health must not care.
-    let dead = format!("http://127.0.0.1:{}", common::free_port());
+    let dead = format!("http://127.0.0.1:{}", testkit::free_port());
     let gw = Gateway::builder()
         .service(Service::new("infer", dead))
         .start();
@@ -394,7 +396,7 @@ async fn healthz_answers_locally_without_auth_or_upstream() {
 #[tokio::test]
 async fn upstream_failures_are_json_502_and_504() {
     let up = Upstream::start();
-    let gw = common::failing_gateway(&up);
+    let gw = crate::failing_gateway(&up);
     let (key, _) = gw.create_key("infer,embed", &[]);
     // Each carries a query: Pingora logs every failure, and no log line may carry a query.
     let cases = [
@@ -543,10 +545,7 @@ async fn oversized_header_blocks_are_400() {
 async fn rate_limits_apply_per_principal_and_service() {
     let up = Upstream::start();
     let gw = Gateway::builder()
-        .service(Service {
-            extra: "rate_limit_per_minute = 3",
-            ..Service::new("infer", up.url(""))
-        })
+        .service(Service::new("infer", up.url("")).rate_limit_per_minute(3))
         .service(Service::new("embed", up.url("")))
         .start();
     let (first, _) = gw.create_key("infer,embed", &[]);
