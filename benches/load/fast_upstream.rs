@@ -1,4 +1,4 @@
-//! A fast upstream for the load benchmark (`scripts/loadbench.sh`): hand-written HTTP/1.1 with
+//! A fast upstream for the load benchmark (`benches/load/run.py`): hand-written HTTP/1.1 with
 //! keep-alive on one tokio thread, so the proxy in front of it, not the upstream, is measured.
 //!
 //! - a path ending in `/sse` answers a chunked `text/event-stream`: one event at once, then one

@@ -1,4 +1,4 @@
-//! Load clients for `scripts/loadbench.sh` that wrk cannot be: a fixed-rate latency client, a
+//! Load clients for `benches/load/run.py` that wrk cannot be: a fixed-rate latency client, a
 //! response-head latency probe for streaming requests, and a holder of thousands of open streams.
 //!
 //! ```text
@@ -354,7 +354,7 @@ fn sse_head(a: &Args) {
 }
 
 /// Exactly `count` sequential requests on one kept-alive connection, each checked to be a 200:
-/// a fixed amount of work for instruction counting (scripts/callgrind.sh), so no timing at all.
+/// a fixed amount of work for instruction counting (benches/load/callgrind.py), so no timing at all.
 fn count(a: &Args) {
     let req = request(a);
     let addr = a.addr.unwrap();

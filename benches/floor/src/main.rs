@@ -1,7 +1,7 @@
-//! The engine's floor for `make bench` (issue 13): a bare Pingora 0.9 `ProxyHttp` that does
+//! The engine's floor for `make bench`: a bare Pingora 0.9 `ProxyHttp` that does
 //! only what no gateway can skip: compare one static bearer, strip the `/v1/infer` prefix, drop
 //! `Set-Cookie`, proxy to one upstream. Portcullis's cost per request is measured against it,
-//! both on the same core at the same time (scripts/loadbench.sh, paired rounds).
+//! both on the same core at the same time (benches/load/run.py, paired rounds).
 //!
 //! Usage: `floor --listen ADDR --upstream ADDR --key TOKEN` (one worker thread, like the
 //! gateway under test).
