@@ -4,13 +4,15 @@
 //! share a port on 127.0.0.2 and 127.0.0.3), can fail its health check, reset instead of
 //! answering, be killed (listener closed and every open connection reset, mid-stream included)
 //! and start again on the same address. Replicas of one test may share one `HitLog`.
+//! In model mode (`Upstream::model`) it answers as the demo model of `model.rs` instead.
 
+mod model;
 mod serve;
 mod wire;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
@@ -131,6 +133,8 @@ struct State {
     /// Of the connections the last kill cut: how many had a request in flight (being
     /// answered, partly received, or unread bytes in the socket buffer).
     cut_in_flight: AtomicUsize,
+    /// Set in model mode: every request but `/health` is answered by `model.rs`.
+    model: OnceLock<model::Model>,
 }
 
 impl State {
@@ -195,6 +199,7 @@ impl Upstream {
             in_flight: AtomicUsize::new(0),
             conns: AtomicUsize::new(0),
             cut_in_flight: AtomicUsize::new(0),
+            model: OnceLock::new(),
         });
         // Its own runtime on its own threads: independent of the test's runtime and unaffected
         // by a test blocking its thread.
@@ -219,6 +224,22 @@ impl Upstream {
             rt: handle_rx.recv().unwrap(),
             rt_stop: Some(stop_tx),
             running: Mutex::new(None),
+        }
+    }
+
+    /// The demo model on `addr` (see `model.rs`), streaming `token_delay` apart: what `make
+    /// run` and the SDK suites talk to. `/health`, kill, restart and reset work as in test mode.
+    pub fn model(name: &str, addr: SocketAddr, token_delay: Duration) -> Upstream {
+        let u = Upstream::stopped(name, addr, &HitLog::new());
+        let _ = u.state.model.set(model::Model::new(token_delay));
+        u.restart();
+        u
+    }
+
+    /// In model mode: one line per request on stderr.
+    pub fn set_verbose(&self, on: bool) {
+        if let Some(model) = self.state.model.get() {
+            model.verbose.store(on, Ordering::Relaxed);
         }
     }
 

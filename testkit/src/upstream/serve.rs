@@ -15,6 +15,8 @@
 //!   anything else         after ?ms=M milliseconds, 200 `{"ok":true,"replica":NAME,"method":…,
 //!                         "target":…}` with the session headers a gateway must strip
 //!
+//! In model mode every request but `/health` goes to `model.rs` instead.
+//!
 //! With `set_reset_before_answer(true)` every request but `/health` is read in full, recorded,
 //! and answered by a TCP reset: the "accepted, then died" replica.
 
@@ -89,6 +91,8 @@ async fn serve(conn: &mut TcpStream, state: &State, busy: &AtomicBool) -> End {
             health(conn, state).await
         } else if state.reset.load(Ordering::Relaxed) {
             return End::Reset;
+        } else if let Some(model) = state.model.get() {
+            super::model::answer(conn, &req, state, model).await
         } else if path.ends_with("/sse") {
             sse(conn, &req.target, state).await
         } else if path.ends_with("/hang") {

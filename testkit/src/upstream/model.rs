@@ -1,0 +1,469 @@
+//! The demo model: what the fake upstream answers in model mode (`Upstream::model`, the
+//! `fake-upstream` binary), for `make run` and the SDK, admin-API and operations suites. The
+//! answers are deterministic so the suites can assert on them:
+//!   GET  …/models            the chat model and the embedding model
+//!   POST …/chat/completions  a reasoning phase (`Thinking about it.`, unless
+//!                            `chat_template_kwargs.enable_thinking` is `false`), then
+//!                            `Echo: <last user text>`; image parts read as ` [image:<type>]`;
+//!                            `max_tokens` cuts the answer; with `stream` an SSE stream of one
+//!                            fragment per event, the token delay apart, then `data: [DONE]`
+//!   POST …/embeddings        1024 values per input, the same for the same text, L2-normalised
+//!   other GET and POST       404; other methods 501
+//! A token is a fragment: a run of non-space characters and the spaces after it. Every answer
+//! carries `Set-Cookie: demo_session=abc`, which the gateway in front must strip.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use aws_lc_rs::digest::{digest, SHA256};
+use base64::Engine;
+use serde_json::{json, Map, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+mod python;
+
+use self::python::{is_space, py_int, py_str, py_truthy, PyRandom};
+use super::wire::{write_chunk, write_json};
+use super::{Hit, State, StreamLog};
+
+const CHAT_MODEL: &str = "alpha3.6-vl";
+const EMB_MODEL: &str = "emb-m3";
+const EMB_DIM: usize = 1024;
+const REASONING: &str = "Thinking about it.";
+/// Bodies past this are refused, not answered (once read: the shared reader takes any size).
+const MAX_BODY: usize = 32 * 1024 * 1024;
+
+pub(super) struct Model {
+    token_delay: Duration,
+    ids: AtomicU64,
+    pub(super) verbose: AtomicBool,
+}
+
+impl Model {
+    pub(super) fn new(token_delay: Duration) -> Model {
+        Model {
+            token_delay,
+            ids: AtomicU64::new(0),
+            verbose: AtomicBool::new(false),
+        }
+    }
+}
+
+enum Answer {
+    Json(Value),
+    /// The chunks of a chat stream, `data: [DONE]` not included.
+    Stream(Vec<Value>),
+}
+
+enum Refusal {
+    /// 400 with this message; the connection stays open.
+    Bad(&'static str),
+    NotFound,
+    /// This status and message, then the connection closes.
+    Close(u16, String),
+    /// The request made the Python original raise: it closed the connection without an answer.
+    Crash(&'static str),
+}
+
+/// Answers one request; false when the connection must close.
+pub(super) async fn answer(conn: &mut TcpStream, req: &Hit, state: &State, model: &Model) -> bool {
+    let path = req.path().trim_end_matches('/');
+    let keep_alive = !req
+        .header("connection")
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("close"));
+    let outcome = match req.method.as_str() {
+        "GET" if path.ends_with("/models") => Ok(Answer::Json(models())),
+        "POST" if req.body.len() > MAX_BODY => {
+            // The message the Python gave: it checked a Content-Length before reading.
+            let chunked = req
+                .header("transfer-encoding")
+                .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+            let message = if chunked {
+                "request body too large"
+            } else {
+                "invalid Content-Length"
+            };
+            Err(Refusal::Close(400, message.to_string()))
+        }
+        "POST" if path.ends_with("/chat/completions") => {
+            parse(&req.body).and_then(|b| chat(&b, model))
+        }
+        "POST" if path.ends_with("/embeddings") => parse(&req.body).and_then(|b| embeddings(&b)),
+        "GET" | "POST" => Err(Refusal::NotFound),
+        other => Err(Refusal::Close(
+            501,
+            format!("Unsupported method ('{other}')"),
+        )),
+    };
+    let ok = match outcome {
+        Ok(Answer::Json(body)) => reply(conn, req, state, model, 200, &body, false).await,
+        Ok(Answer::Stream(chunks)) => stream(conn, req, state, model, &chunks).await,
+        Err(Refusal::Bad(message)) => {
+            reply(conn, req, state, model, 400, &error(message), false).await
+        }
+        Err(Refusal::NotFound) => {
+            reply(conn, req, state, model, 404, &error("not found"), false).await
+        }
+        Err(Refusal::Close(code, message)) => {
+            reply(conn, req, state, model, code, &error(&message), true).await;
+            false
+        }
+        Err(Refusal::Crash(why)) => {
+            eprintln!("{} {}: no answer: {why}", req.method, req.target);
+            false
+        }
+    };
+    ok && keep_alive
+}
+
+/// Header lines every answer carries.
+fn common_headers(state: &State) -> String {
+    format!(
+        "server: DemoUpstream/1.0\r\nset-cookie: demo_session=abc; Path=/\r\nx-demo-upstream: {}\r\n",
+        state.name
+    )
+}
+
+fn log(req: &Hit, model: &Model, code: u16) {
+    if model.verbose.load(Ordering::Relaxed) {
+        eprintln!("\"{} {}\" {code}", req.method, req.target);
+    }
+}
+
+async fn reply(
+    conn: &mut TcpStream,
+    req: &Hit,
+    state: &State,
+    model: &Model,
+    code: u16,
+    body: &Value,
+    close: bool,
+) -> bool {
+    log(req, model, code);
+    let status = match code {
+        200 => "200 OK",
+        400 => "400 Bad Request",
+        404 => "404 Not Found",
+        _ => "501 Not Implemented",
+    };
+    let mut extra = common_headers(state);
+    if close {
+        extra.push_str("connection: close\r\n");
+    }
+    write_json(conn, status, &extra, &body.to_string()).await
+}
+
+/// The chunks `token_delay` apart (the first at once), then `data: [DONE]` right after the last.
+async fn stream(
+    conn: &mut TcpStream,
+    req: &Hit,
+    state: &State,
+    model: &Model,
+    chunks: &[Value],
+) -> bool {
+    log(req, model, 200);
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
+         transfer-encoding: chunked\r\n{}\r\n",
+        common_headers(state)
+    );
+    if conn.write_all(head.as_bytes()).await.is_err() {
+        return false;
+    }
+    let log = Arc::new(Mutex::new(StreamLog::default()));
+    state.streams.lock().unwrap().push(log.clone());
+    let mut events: Vec<String> = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    events.push("data: [DONE]\n\n".to_string());
+    for (i, event) in events.iter().enumerate() {
+        if i > 0 && i < chunks.len() && !model.token_delay.is_zero() {
+            tokio::time::sleep(model.token_delay).await;
+        }
+        if !write_chunk(conn, event.as_bytes()).await {
+            // The client went away (e.g. the gateway cancelled): stop generating, and say so.
+            log.lock().unwrap().aborted = Some(Instant::now());
+            eprintln!("STREAM_ABORTED");
+            return false;
+        }
+        log.lock().unwrap().sent.push(Instant::now());
+    }
+    let ok = conn.write_all(b"0\r\n\r\n").await.is_ok();
+    log.lock().unwrap().finished = ok;
+    ok
+}
+
+fn error(message: &str) -> Value {
+    json!({"error": {"message": message, "type": "invalid_request_error"}})
+}
+
+fn models() -> Value {
+    let model = |id: &str| json!({"id": id, "object": "model", "created": 1_700_000_000, "owned_by": "demo"});
+    json!({"object": "list", "data": [model(CHAT_MODEL), model(EMB_MODEL)]})
+}
+
+fn parse(raw: &[u8]) -> Result<Map<String, Value>, Refusal> {
+    match serde_json::from_slice(raw) {
+        Ok(Value::Object(body)) => Ok(body),
+        Ok(_) => Err(Refusal::Bad("request body must be a JSON object")),
+        Err(_) => Err(Refusal::Bad("invalid JSON body")),
+    }
+}
+
+/// The model as received, so the gateway's model policy shows in the answer.
+fn received_model(body: &Map<String, Value>) -> &str {
+    body.get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("(none received)")
+}
+
+fn chat(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
+    let messages = match body.get("messages") {
+        Some(Value::Array(m)) if m.iter().all(Value::is_object) => m,
+        _ => {
+            return Err(Refusal::Bad(
+                "'messages' must be an array of message objects",
+            ))
+        }
+    };
+    let texts = messages
+        .iter()
+        .map(|m| content_text(m.get("content")))
+        .collect::<Option<Vec<String>>>()
+        .ok_or(Refusal::Crash("an image_url whose url is not a string"))?;
+    let last_user = messages
+        .iter()
+        .zip(&texts)
+        .rev()
+        .find(|(m, _)| m.get("role").and_then(Value::as_str) == Some("user"))
+        .map_or("", |(_, text)| text.as_str());
+    let answer_text = format!("Echo: {last_user}");
+    let mut answer = fragments(&answer_text);
+    let mut finish = "stop";
+    if let Some(max) = py_int(body.get("max_tokens")) {
+        if 0 < max && (max as u64) < answer.len() as u64 {
+            answer.truncate(max as usize);
+            finish = "length";
+        }
+    }
+    // Reasoning is on unless the client explicitly sets enable_thinking=false.
+    let thinking = !matches!(body.get("chat_template_kwargs"),
+        Some(Value::Object(k)) if k.get("enable_thinking") == Some(&Value::Bool(false)));
+    let reasoning = if thinking {
+        fragments(REASONING)
+    } else {
+        Vec::new()
+    };
+    let prompt = texts
+        .iter()
+        .map(|t| fragments(t).len())
+        .sum::<usize>()
+        .max(1);
+    let completion = answer.len() + reasoning.len();
+    let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion,
+        "total_tokens": prompt + completion});
+    let id = format!(
+        "chatcmpl-demo-{}",
+        model.ids.fetch_add(1, Ordering::Relaxed) + 1
+    );
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let model_name = received_model(body);
+
+    if !py_truthy(body.get("stream")) {
+        let mut message = json!({"role": "assistant", "content": answer.concat()});
+        if thinking {
+            message["reasoning_content"] = json!(REASONING);
+        }
+        return Ok(Answer::Json(json!({"id": id, "object": "chat.completion",
+            "created": created, "model": model_name, "usage": usage,
+            "choices": [{"index": 0, "finish_reason": finish, "message": message}]})));
+    }
+    let chunk = |delta: Value, finish: Option<&str>| {
+        json!({"id": id, "object": "chat.completion.chunk", "created": created,
+            "model": model_name,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
+    chunks.extend(
+        reasoning
+            .iter()
+            .map(|f| chunk(json!({"reasoning_content": f}), None)),
+    );
+    chunks.extend(answer.iter().map(|f| chunk(json!({"content": f}), None)));
+    chunks.push(chunk(json!({}), Some(finish)));
+    if matches!(body.get("stream_options"),
+        Some(Value::Object(o)) if o.get("include_usage") == Some(&Value::Bool(true)))
+    {
+        chunks.push(
+            json!({"id": id, "object": "chat.completion.chunk", "created": created,
+            "model": model_name, "choices": [], "usage": usage}),
+        );
+    }
+    Ok(Answer::Stream(chunks))
+}
+
+fn embeddings(body: &Map<String, Value>) -> Result<Answer, Refusal> {
+    let bad = Refusal::Bad("'input' must be a non-empty string or array of strings");
+    let texts: Vec<String> = match body.get("input") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) if !items.is_empty() => {
+            if items.iter().all(Value::is_string) {
+                items
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(String::from)
+                    .collect()
+            } else if let Some(tokens) = token_words(items) {
+                // One token array, as some SDKs send.
+                vec![tokens]
+            } else {
+                let arrays: Option<Vec<String>> = items
+                    .iter()
+                    .map(|t| t.as_array().and_then(|a| token_words(a)))
+                    .collect();
+                arrays.ok_or(bad)?
+            }
+        }
+        _ => return Err(bad),
+    };
+    let base64 = match body.get("encoding_format") {
+        f if !py_truthy(f) => false,
+        Some(Value::String(f)) if f == "float" => false,
+        Some(Value::String(f)) if f == "base64" => true,
+        _ => {
+            return Err(Refusal::Bad(
+                "'encoding_format' must be 'float' or 'base64'",
+            ))
+        }
+    };
+    let data: Vec<Value> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let vec = embed(text);
+            let embedding = if base64 {
+                // What the official openai Python SDK asks for by default: little-endian f32s.
+                let bytes: Vec<u8> = vec.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(vec)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    let n: usize = texts.iter().map(|t| fragments(t).len().max(1)).sum();
+    Ok(Answer::Json(
+        json!({"object": "list", "data": data, "model": received_model(body),
+        "usage": {"prompt_tokens": n, "total_tokens": n}}),
+    ))
+}
+
+/// Integers (Python counts booleans as integers) joined by spaces; None if any is not one.
+fn token_words(items: &[Value]) -> Option<String> {
+    let words = items
+        .iter()
+        .map(|t| match t {
+            Value::Bool(_) => Some(py_str(t)),
+            Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+            _ => None,
+        })
+        .collect::<Option<Vec<String>>>()?;
+    Some(words.join(" "))
+}
+
+/// Deterministic per text: a PRNG seeded by the text's SHA-256, then L2-normalised and rounded
+/// to 6 decimals. The PRNG is CPython's, so the vectors are the Python demo's to the bit.
+fn embed(text: &str) -> Vec<f64> {
+    let mut rng = PyRandom::from_bytes(digest(&SHA256, text.as_bytes()).as_ref());
+    let vec: Vec<f64> = (0..EMB_DIM).map(|_| -1.0 + 2.0 * rng.random()).collect();
+    // A plain running sum, as the Python summed (no compensated summation).
+    let mut sum = 0.0;
+    for v in &vec {
+        sum += v * v;
+    }
+    let norm = if sum == 0.0 { 1.0 } else { sum.sqrt() };
+    // Formatting with a precision rounds correctly, like Python's round(x, 6).
+    vec.iter()
+        .map(|v| format!("{:.6}", v / norm).parse().unwrap())
+        .collect()
+}
+
+/// Word-ish pieces that keep their trailing spaces (the regex `\S+\s*`, so leading spaces are
+/// dropped); text of spaces only is one fragment, empty text none.
+fn fragments(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text.trim_start_matches(is_space);
+    while !rest.is_empty() {
+        let word = rest.find(is_space).unwrap_or(rest.len());
+        let next = rest[word..].trim_start_matches(is_space);
+        out.push(&rest[..rest.len() - next.len()]);
+        rest = next;
+    }
+    if out.is_empty() && !text.is_empty() {
+        out.push(text);
+    }
+    out
+}
+
+/// A message's text: a string, or its parts joined. None where the Python raised.
+fn content_text(content: Option<&Value>) -> Option<String> {
+    match content {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(parts)) => parts.iter().map(part_text).collect(),
+        _ => Some(String::new()),
+    }
+}
+
+fn part_text(part: &Value) -> Option<String> {
+    let Value::Object(part) = part else {
+        return Some(String::new());
+    };
+    match part.get("type").and_then(Value::as_str) {
+        Some("text") => Some(part.get("text").map_or(String::new(), py_str)),
+        Some("image_url") => {
+            let url = match part.get("image_url") {
+                Some(Value::Object(img)) => match img.get("url") {
+                    None => "",
+                    Some(Value::String(url)) => url.as_str(),
+                    Some(_) => return None,
+                },
+                Some(Value::String(url)) => url.as_str(),
+                _ => "",
+            };
+            // A data: URL names its media type: up to the first `;` or `,`.
+            let media = url
+                .strip_prefix("data:")
+                .map(|rest| &rest[..rest.find([';', ',']).unwrap_or(rest.len())])
+                .filter(|m| !m.is_empty());
+            Some(format!(" [image:{}]", media.unwrap_or("url")))
+        }
+        _ => Some(String::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embeddings_are_the_python_demos_to_the_last_digit() {
+        // Values the Python original computed for these texts.
+        let v = embed("first text");
+        assert_eq!(v.len(), EMB_DIM);
+        assert_eq!(v[..3], [-0.023933, 0.007016, -0.012334]);
+        assert_eq!(v[EMB_DIM - 1], 0.020253);
+        assert_eq!(embed("")[..2], [0.001361, 0.0071]);
+    }
+
+    #[test]
+    fn fragments_keep_trailing_spaces_as_pythons_regex_did() {
+        assert_eq!(
+            fragments(" a  b\u{1c}c\u{a0}"),
+            ["a  ", "b\u{1c}", "c\u{a0}"]
+        );
+        assert_eq!(fragments("  "), ["  "]);
+        assert!(fragments("").is_empty());
+    }
+}
