@@ -4,9 +4,10 @@
 # Installs, only when missing or when their pins changed:
 #   tests/admin_api/.venv/   openapi-spec-validator, schemathesis, requests (tests/admin_api/requirements.txt)
 #   tests/sdk/node_modules/  oidc-provider for the identity provider tests/sdk/idp.mjs (npm ci, lockfile)
-# then runs tests/admin_api/run.py: validates src/admin/openapi.json, starts the demo upstream,
-# the provider and target/debug/portcullis (built when missing; BIN= overrides) with an [admin]
-# listener, checks its 401s against the data plane's and fuzzes it with schemathesis
+# then runs tests/admin_api/run.py: validates src/admin/openapi.json, starts the fake upstream's
+# demo model (target/debug/fake-upstream; UPSTREAM= overrides), the provider and
+# target/debug/portcullis (BIN= overrides; both built when missing) with an [admin] listener,
+# checks its 401s against the data plane's and fuzzes it with schemathesis
 # (ADMIN_API_MAX_EXAMPLES cases per operation, default 100; ADMIN_API_SEED to replay a run).
 # Ends with the driver's `N passed, N failed` line; exits non-zero when any check failed.
 # `scripts/admin-api-tests.sh --doc-only` only validates the document (no binary needed).
@@ -17,6 +18,7 @@ DIR=tests/admin_api
 SDK=tests/sdk
 VENV=$DIR/.venv
 BIN=${BIN:-target/debug/portcullis}
+UPSTREAM=${UPSTREAM:-target/debug/fake-upstream}
 RUN_TIMEOUT=${ADMIN_API_TESTS_TIMEOUT:-900}   # the driver stops itself at 600 s; this is the backstop
 
 NAME=admin-api-tests
@@ -39,6 +41,7 @@ need node "the identity provider (tests/sdk/idp.mjs) needs Node.js"
 need npm "the identity provider's packages are installed with npm"
 npm_ci "$SDK"
 gateway_binary "$BIN"
+gateway_binary "$UPSTREAM"
 
 say "running $DIR/run.py against $BIN"
-timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$DIR/run.py" --bin "$BIN"
+timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$DIR/run.py" --bin "$BIN" --upstream "$UPSTREAM"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make run`: the demo upstream, a local OpenID provider, a fresh demo API key, and the gateway in
-# front with its key console, in the foreground.
+# `make run`: the demo upstream (the fake upstream's demo model, target/debug/fake-upstream), a
+# local OpenID provider, a fresh demo API key, and the gateway in front with its key console, in
+# the foreground. `make run` builds both binaries first; run alone, this builds them when missing.
 #
 # The gateway's config is conf/demo.toml plus, written to data/demo-console.toml, an [auth.jwt]
 # section trusting the local provider (tests/sdk/idp.mjs: oidc-provider on 127.0.0.1:$IDP_PORT)
@@ -9,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/debug/portcullis}
+UPSTREAM=${UPSTREAM:-target/debug/fake-upstream}
 BASE_CONF=conf/demo.toml
 IDP_PORT=${IDP_PORT:-9400}
 ADMIN=127.0.0.1:9200
@@ -23,7 +25,9 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-python3 demo/upstream.py --port 8000 >/dev/null &
+gateway_binary "$BIN"
+gateway_binary "$UPSTREAM"
+"$UPSTREAM" --port 8000 >/dev/null &
 pids+=($!)
 
 # ---- the local OpenID provider and the console config (needs Node.js) ----

@@ -4,7 +4,9 @@
 # Installs, only when missing or when their pins changed:
 #   .venv/                   the official `openai` Python SDK (tests/sdk/requirements.txt)
 #   tests/sdk/node_modules/  the official `openai` Node SDK and `oidc-provider` (npm ci, lockfile)
-# then runs tests/sdk/run.py against target/debug/portcullis (built when missing; BIN= overrides).
+# then runs tests/sdk/run.py against target/debug/portcullis in front of the fake upstream's demo
+# model, target/debug/fake-upstream (both built by `cargo build` when missing; BIN= and UPSTREAM=
+# override).
 # Runs the suite twice: with a SQLite key store, then with a PostgreSQL one (a throwaway server
 # started here, or PORTCULLIS_TEST_POSTGRES_URL). Each run ends with the driver's
 # `N passed, N failed` line; exits non-zero when any check failed.
@@ -14,6 +16,7 @@ cd "$(dirname "$0")/.."
 SDK=tests/sdk
 VENV=.venv
 BIN=${BIN:-target/debug/portcullis}
+UPSTREAM=${UPSTREAM:-target/debug/fake-upstream}
 RUN_TIMEOUT=${SDK_TESTS_TIMEOUT:-900}   # the driver stops itself at 600 s; this is the backstop
 
 NAME=sdk-tests
@@ -27,9 +30,10 @@ need npm "the Node packages are installed with npm"
 python_venv "$VENV" "$SDK/requirements.txt" openai
 npm_ci "$SDK"
 gateway_binary "$BIN"
+gateway_binary "$UPSTREAM"
 
 say "running $SDK/run.py against $BIN (SQLite key store)"
-timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$SDK/run.py" --bin "$BIN"
+timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$SDK/run.py" --bin "$BIN" --upstream "$UPSTREAM"
 
 # ---- once more with the fleet key store: a throwaway PostgreSQL server (or the given one) ----
 PG_URL=${PORTCULLIS_TEST_POSTGRES_URL:-}
@@ -53,4 +57,5 @@ if [ -z "$PG_URL" ]; then
     PG_URL="postgres://portcullis:$PG_PASSWORD@127.0.0.1:$PG_PORT/postgres"
 fi
 say "running $SDK/run.py against $BIN (Postgres key store)"
-timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$SDK/run.py" --bin "$BIN" --key-store "$PG_URL"
+timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$SDK/run.py" --bin "$BIN" --upstream "$UPSTREAM" \
+    --key-store "$PG_URL"

@@ -3,7 +3,8 @@
 
 1. src/admin/openapi.json is a valid OpenAPI 3.1 document (openapi-spec-validator), its regular
    expressions compile, its examples match their schemas and its links name real operations.
-2. Starts, on 127.0.0.1 and free ports: the demo upstream, a real OpenID Provider
+2. Starts, on 127.0.0.1 and free ports: the fake upstream's demo model
+   (target/debug/fake-upstream, testkit/src/upstream/model.rs), a real OpenID Provider
    (tests/sdk/idp.mjs) and the real gateway with an [admin] listener, then checks by hand that
    the served document is that file, that every 401 of the admin listener is identical to the
    data plane's (status, WWW-Authenticate, content type, body; on the wire, the header lines in
@@ -17,6 +18,7 @@
 
 Run through scripts/admin-api-tests.sh, which installs the pinned packages; by hand:
     tests/admin_api/.venv/bin/python tests/admin_api/run.py [--bin target/debug/portcullis]
+        [--upstream target/debug/fake-upstream]
 Prints one line per check and, last, `N passed, N failed`; exits 0 only when all passed.
 Every child process is stopped, whatever happens.
 """
@@ -606,6 +608,8 @@ def schemathesis(res, gw, token, label, tmp, max_examples, seed, doc_file=False)
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "debug", "portcullis"))
+    ap.add_argument("--upstream", default=os.path.join(ROOT, "target", "debug", "fake-upstream"),
+                    help="the fake upstream binary (package testkit)")
     ap.add_argument("--doc-only", action="store_true", help="only validate src/admin/openapi.json")
     ap.add_argument("--max-examples", type=int, default=int(os.environ.get("ADMIN_API_MAX_EXAMPLES", "100")),
                     help="schemathesis test cases per operation and phase (default 100)")
@@ -637,7 +641,7 @@ def main():
         tmp = tempfile.mkdtemp(prefix="portcullis-admin-api-")
         print(f"logs in {tmp}", flush=True)
         try:
-            upstream = Child("upstream", [sys.executable, os.path.join(ROOT, "demo", "upstream.py"), "--port", "0"],
+            upstream = Child("upstream", [args.upstream, "--port", "0"],
                              os.path.join(tmp, "upstream.log"), wait_listening=True)
             idp = Idp(tmp)
             gw = Gateway(args.bin, tmp, upstream.port, idp.issuer)

@@ -406,43 +406,6 @@ fn config_test_flag_accepts_a_good_file_and_lists_every_problem_in_a_bad_one() {
     assert!(stderr.contains("bad.toml: line 2, column"), "{stderr}");
 }
 
-/// The demo upstream as a child process on a free port: unlike the in-process recording
-/// upstream it can die (SIGKILL) at the same moment the gateway is signalled.
-struct DyingUpstream {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl DyingUpstream {
-    fn start() -> DyingUpstream {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new("python3")
-            .args(["demo/upstream.py", "--port", "0", "--token-delay-ms", "20"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("python3 runs the demo upstream");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("LISTENING ")
-            .unwrap()
-            .parse()
-            .unwrap();
-        DyingUpstream { child, port }
-    }
-}
-
-impl Drop for DyingUpstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The most times one log message (timestamp aside) was written.
 fn most_repeated_line(log: &str) -> (usize, String) {
     let mut counts = std::collections::HashMap::<&str, usize>::new();
@@ -466,12 +429,15 @@ fn shutdown_under_load_with_a_dying_upstream_always_ends_in_time_without_a_log_f
     const GRACE: u64 = 2;
     const GRACEFUL_TIMEOUT: u64 = 1; // the harness's graceful_shutdown_timeout_seconds
     for round in 0..12 {
-        let upstream = DyingUpstream::start();
+        // The demo model streams its answers a fragment every 20 ms, so streams are open when
+        // the upstream dies.
+        let upstream = Upstream::model(
+            "upstream",
+            testkit::net::local_addr(),
+            Duration::from_millis(20),
+        );
         let mut gw = Gateway::builder()
-            .service(Service::new(
-                "infer",
-                format!("http://127.0.0.1:{}", upstream.port),
-            ))
+            .service(Service::new("infer", upstream.url("")))
             .grace_period(GRACE)
             .start();
         let started = Instant::now();
@@ -496,7 +462,8 @@ fn shutdown_under_load_with_a_dying_upstream_always_ends_in_time_without_a_log_f
         } else {
             ("TERM", Duration::from_secs(GRACE + GRACEFUL_TIMEOUT))
         };
-        drop(upstream);
+        // Listener closed and every connection reset at once, mid-stream included: a SIGKILL.
+        upstream.kill();
         let signalled = Instant::now();
         gw.signal(signal);
         let exited = gw.wait_exit(bound + Duration::from_secs(2));

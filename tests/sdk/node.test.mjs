@@ -1,5 +1,6 @@
 // The official openai Node SDK against the real gateway. Run by tests/sdk/run.py, which starts
-// the gateway in front of demo/upstream.py and passes:
+// the gateway in front of the fake upstream's demo model (target/debug/fake-upstream,
+// testkit/src/upstream/model.rs) and passes:
 //   PORTCULLIS_URL    the gateway, e.g. http://127.0.0.1:PORT
 //   PORTCULLIS_TOKEN  a bearer token with the infer, chatx and embed scopes (an ak_ key or a JWT)
 import assert from 'node:assert/strict';
@@ -11,7 +12,7 @@ const GATEWAY = process.env.PORTCULLIS_URL;
 const TOKEN = process.env.PORTCULLIS_TOKEN;
 if (!GATEWAY || !TOKEN) throw new Error('set PORTCULLIS_URL and PORTCULLIS_TOKEN');
 
-const REASONING = 'Thinking about it.'; // what demo/upstream.py reasons before every answer
+const REASONING = 'Thinking about it.'; // what the demo model reasons before every answer
 const client = (service, apiKey = TOKEN) =>
   new OpenAI({ baseURL: `${GATEWAY}/v1/${service}/v1`, apiKey, maxRetries: 0, timeout: 20_000 });
 

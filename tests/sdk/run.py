@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """SDK conformance and real-identity-provider tests for Portcullis (issue 5, items 1 and 2).
 
-Starts, on 127.0.0.1 and free ports: the demo upstream (demo/upstream.py), a real OpenID
-Provider (tests/sdk/idp.mjs, npm oidc-provider 9.x) and the real gateway binary in front of
-the upstream, with API keys made by the real CLI. Then it drives the gateway with the official
-`openai` Python SDK, the official `openai` Node SDK (tests/sdk/node.test.mjs) and tokens from
-the provider, printing one line per check and, last, exactly `N passed, N failed`.
+Starts, on 127.0.0.1 and free ports: the fake upstream's demo model (target/debug/fake-upstream,
+testkit/src/upstream/model.rs), a real OpenID Provider (tests/sdk/idp.mjs, npm oidc-provider
+9.x) and the real gateway binary in front of the upstream, with API keys made by the real CLI.
+Then it drives the gateway with the official `openai` Python SDK, the official `openai` Node SDK
+(tests/sdk/node.test.mjs) and tokens from the provider, printing one line per check and, last,
+exactly `N passed, N failed`.
 
 Run through scripts/sdk-tests.sh, which installs the SDKs; by hand:
-    .venv/bin/python tests/sdk/run.py [--bin target/debug/portcullis] [--keep]
+    .venv/bin/python tests/sdk/run.py [--bin target/debug/portcullis]
+        [--upstream target/debug/fake-upstream] [--keep]
 Exits 0 only when every check passed. Child processes are always stopped.
 """
 import argparse
@@ -16,10 +18,10 @@ import base64
 import hashlib
 import http.cookiejar
 import html
-import importlib.util
 import json
 import math
 import os
+import random
 import re
 import secrets
 import signal
@@ -54,10 +56,28 @@ CHATX_DEFAULT = "x-large-2"                               # chatx's model when a
 CHATX_ALIASES = {"large": "x-large-2", "small": "x-small-1"}
 METRICS_WAIT = 2        # seconds the token counter may lag the end of a stream (it moves when the request is logged)
 
-# The demo upstream's own answers, imported rather than copied so the expectations cannot drift.
-_spec = importlib.util.spec_from_file_location("demo_upstream", os.path.join(ROOT, "demo", "upstream.py"))
-demo = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(demo)
+# What the fake upstream's demo model answers (testkit/src/upstream/model.rs), mirrored here
+# so the checks test the Rust server against an independent statement of it.
+CHAT_MODEL = "alpha3.6-vl"
+EMB_MODEL = "emb-m3"
+REASONING = "Thinking about it."   # reasoned before every answer unless enable_thinking=false
+
+
+def fragments(text):
+    """The model's tokens: runs of non-space characters with the spaces after them."""
+    return re.findall(r"\S+\s*", text) or ([text] if text else [])
+
+
+def embed(text):
+    """The model's embedding of one text: 1024 values from CPython's PRNG seeded by the text's
+    SHA-256 (model.rs implements that PRNG), L2-normalised, rounded to 6 decimals."""
+    rng = random.Random(hashlib.sha256(text.encode("utf-8")).digest())
+    vec = [rng.uniform(-1.0, 1.0) for _ in range(1024)]
+    total = 0.0
+    for v in vec:  # a plain running sum, as model.rs adds (sum() compensates since Python 3.12)
+        total += v * v
+    norm = math.sqrt(total) or 1.0
+    return [round(v / norm, 6) for v in vec]
 
 
 class RunTimeout(BaseException):
@@ -293,7 +313,7 @@ def chat_checks(gw, token, service, model):
         msg = r.choices[0].message
         expect_eq((msg.role, msg.content), ("assistant", echo(f"hello {service}")), "message")
         expect_eq(r.choices[0].finish_reason, "stop", "finish_reason")
-        expect_eq(reasoning_of(msg), demo.REASONING, "message.reasoning_content")
+        expect_eq(reasoning_of(msg), REASONING, "message.reasoning_content")
         expect(r.usage and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens > 0,
                f"usage: {r.usage}")
         return f"id {r.id}"
@@ -314,7 +334,7 @@ def chat_checks(gw, token, service, model):
                 kinds.append("c")
             finish = choice.finish_reason or finish
         expect(stream.response.is_closed, "the SDK's stream did not end by itself")
-        expect_eq("".join(reasoning), demo.REASONING, "joined reasoning_content deltas")
+        expect_eq("".join(reasoning), REASONING, "joined reasoning_content deltas")
         expect_eq("".join(content), echo(f"stream {service} please"), "joined content deltas")
         expect(len(content) > 1, f"answer arrived in {len(content)} delta(s), not token by token")
         expect("".join(kinds) == "r" * len(reasoning) + "c" * len(content), "reasoning deltas must precede content")
@@ -343,24 +363,24 @@ def infer_checks(gw, token):
 
     def vision():
         url = "data:image/png;base64," + base64.b64encode(png_1x1()).decode()
-        r = client.chat.completions.create(model=demo.CHAT_MODEL, messages=[{"role": "user", "content": [
+        r = client.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is in this image?"},
             {"type": "image_url", "image_url": {"url": url}}]}])
-        # The demo upstream answers " [image:<media type>]" for each data: image part it parsed.
+        # The upstream answers " [image:<media type>]" for each data: image part it parsed.
         expect_eq(r.choices[0].message.content, echo("What is in this image? [image:image/png]"), "answer")
 
     def thinking_off():
         msgs = [{"role": "user", "content": "no thinking"}]
-        on = client.chat.completions.create(model=demo.CHAT_MODEL, messages=msgs,
+        on = client.chat.completions.create(model=CHAT_MODEL, messages=msgs,
                                             extra_body={"chat_template_kwargs": {"enable_thinking": True}})
-        off = client.chat.completions.create(model=demo.CHAT_MODEL, messages=msgs,
+        off = client.chat.completions.create(model=CHAT_MODEL, messages=msgs,
                                              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         # The upstream drops reasoning only for a JSON `false` under chat_template_kwargs, so the
         # difference proves the field reached it as sent (object, key and boolean type intact).
-        expect_eq(reasoning_of(on.choices[0].message), demo.REASONING, "reasoning with enable_thinking=true")
+        expect_eq(reasoning_of(on.choices[0].message), REASONING, "reasoning with enable_thinking=true")
         expect_eq(reasoning_of(off.choices[0].message), None, "reasoning with enable_thinking=false")
         expect_eq(off.choices[0].message.content, echo("no thinking"), "answer")
-        stream = client.chat.completions.create(model=demo.CHAT_MODEL, messages=msgs, stream=True,
+        stream = client.chat.completions.create(model=CHAT_MODEL, messages=msgs, stream=True,
                                                 extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         chunks = list(stream)
         expect(not any(reasoning_of(c.choices[0].delta) for c in chunks if c.choices),
@@ -370,7 +390,7 @@ def infer_checks(gw, token):
 
     def models():
         ids = [m.id for m in client.models.list()]
-        expect(demo.CHAT_MODEL in ids, f"{demo.CHAT_MODEL} not in {ids}")
+        expect(CHAT_MODEL in ids, f"{CHAT_MODEL} not in {ids}")
         return ", ".join(ids)
 
     return vision, thinking_off, models
@@ -386,7 +406,7 @@ def embed_checks(gw, token):
             expect(isinstance(d.embedding, list) and len(d.embedding) == 1024
                    and all(isinstance(x, float) for x in d.embedding),
                    f"item {d.index}: not 1024 floats ({type(d.embedding).__name__}, {len(d.embedding)})")
-            want = demo.embed(text)  # deterministic per text: proves item i embeds input i
+            want = embed(text)  # deterministic per text: proves item i embeds input i
             worst = max(abs(a - b) for a, b in zip(d.embedding, want))
             expect(worst < 1e-6, f"item {d.index} is not the embedding of {text!r} (max diff {worst})")
         norm = math.sqrt(sum(x * x for x in data[0].embedding))
@@ -394,19 +414,19 @@ def embed_checks(gw, token):
 
     def default_encoding():
         # The SDK asks for base64 by default and decodes it itself.
-        r = client.embeddings.create(model=demo.EMB_MODEL, input=texts)
-        expect_eq((r.object, r.model), ("list", demo.EMB_MODEL), "object, model")
+        r = client.embeddings.create(model=EMB_MODEL, input=texts)
+        expect_eq((r.object, r.model), ("list", EMB_MODEL), "object, model")
         compare(r.data)
         expect(r.usage.total_tokens > 0, f"usage {r.usage}")
         return f"{len(r.data)} x {len(r.data[0].embedding)}"
 
     def float_encoding():
-        r = client.embeddings.create(model=demo.EMB_MODEL, input=texts, encoding_format="float")
+        r = client.embeddings.create(model=EMB_MODEL, input=texts, encoding_format="float")
         compare(r.data)
 
     def models():
         ids = [m.id for m in client.models.list()]
-        expect(demo.EMB_MODEL in ids, f"{demo.EMB_MODEL} not in {ids}")
+        expect(EMB_MODEL in ids, f"{EMB_MODEL} not in {ids}")
 
     return default_encoding, float_encoding, models
 
@@ -490,8 +510,8 @@ def policy_checks(gw, token):
         expect_eq(last.choices, [], "choices of the usage chunk")
         expect(all(c.usage is None for c in chunks[:-1]), "usage on a chunk before the last")
         u = last.usage
-        # What demo/upstream.py counts: fragments of the prompt; answer plus reasoning fragments.
-        want = (len(demo.fragments(text)), len(demo.fragments(echo(text))) + len(demo.fragments(demo.REASONING)))
+        # What the upstream counts: fragments of the prompt; answer plus reasoning fragments.
+        want = (len(fragments(text)), len(fragments(echo(text))) + len(fragments(REASONING)))
         expect_eq((u.prompt_tokens, u.completion_tokens), want, "usage (prompt, completion)")
         expect_eq(u.total_tokens, u.prompt_tokens + u.completion_tokens, "total_tokens")
         # The two counters move one after the other: a scrape may fall between them, so wait
@@ -535,7 +555,7 @@ def expect_forbidden(fn, what):
 def run_sdk_suite(res, gw, label, token, scoped):
     """The Python SDK checks with one credential; `scoped` is a credential with the embed scope
     but not chatx, for the 403 check."""
-    for service, model in (("infer", demo.CHAT_MODEL), ("chatx", "x-small"), ("chaty", "y-large")):
+    for service, model in (("infer", CHAT_MODEL), ("chatx", "x-small"), ("chaty", "y-large")):
         non_streaming, streaming, done_line = chat_checks(gw, token, service, model)
         res.check(f"[py {label}] {service}: chat.completions.create", non_streaming)
         res.check(f"[py {label}] {service}: streaming content + reasoning_content deltas", streaming)
@@ -563,7 +583,7 @@ def run_sdk_suite(res, gw, label, token, scoped):
         detail = expect_forbidden(lambda: gw.sdk("chatx", scoped).chat.completions.create(
             model="x", messages=[{"role": "user", "content": "hi"}]), "chatx without the chatx scope")
         # The same credential works where its scope allows: the 403 is about scope, not the token.
-        gw.sdk("embed", scoped).embeddings.create(model=demo.EMB_MODEL, input=["ok"])
+        gw.sdk("embed", scoped).embeddings.create(model=EMB_MODEL, input=["ok"])
         return detail
     res.check(f"[py {label}] chatx without the chatx scope raises PermissionDeniedError", forbidden)
 
@@ -623,7 +643,7 @@ def idp_checks(res, gw, idp):
     for service in ("infer", "embed"):
         def allowed(service=service):
             if service == "embed":
-                status, _, body = gw.post_json("embed", "/v1/embeddings", cc, {"model": demo.EMB_MODEL, "input": "x"})
+                status, _, body = gw.post_json("embed", "/v1/embeddings", cc, {"model": EMB_MODEL, "input": "x"})
                 expect_eq(status, 200, f"status ({body[:200]!r})")
                 expect_eq(len(json.loads(body)["data"][0]["embedding"]), 1024, "dimensions")
             else:
@@ -656,7 +676,7 @@ def idp_checks(res, gw, idp):
                   "access token typ, sub, aud")
         for service in SERVICES:
             path = "/v1/embeddings" if service == "embed" else "/v1/chat/completions"
-            body = {"model": demo.EMB_MODEL, "input": "x"} if service == "embed" else \
+            body = {"model": EMB_MODEL, "input": "x"} if service == "embed" else \
                 {"messages": [{"role": "user", "content": "hi"}]}
             status, _, resp = gw.post_json(service, path, at, body)
             expect_eq(status, 200, f"{service} status ({resp[:200]!r})")
@@ -713,6 +733,8 @@ def rotation_check(res, gw, idp):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "debug", "portcullis"))
+    ap.add_argument("--upstream", default=os.path.join(ROOT, "target", "debug", "fake-upstream"),
+                    help="the fake upstream binary (package testkit)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
     ap.add_argument("--key-store", help="[auth.api_keys] database (default: a SQLite file in the temp dir)")
     ap.add_argument("--timeout", type=int, default=600, help="whole-run limit in seconds")
@@ -734,8 +756,7 @@ def main():
     store = "Postgres" if (args.key_store or "").startswith("postgres") else "SQLite"
     print(f"openai (Python) {openai.__version__}; {store} key store; logs in {tmp}", flush=True)
     try:
-        upstream = Child("upstream", [sys.executable, os.path.join(ROOT, "demo", "upstream.py"),
-                                      "--port", "0", "--token-delay-ms", "2"],
+        upstream = Child("upstream", [args.upstream, "--port", "0", "--token-delay-ms", "2"],
                          os.path.join(tmp, "upstream.log"), wait_listening=True)
         idp = Idp(tmp)
         idp.start()
@@ -748,7 +769,7 @@ def main():
                   lambda: gw.sdk("infer", "ak_0123456789abcdef." + "A" * 43).models.list(), "an unknown key")
         res.check("[py] a malformed bearer token raises AuthenticationError", expect_unauthorized,
                   lambda: gw.sdk("embed", "sk-not-a-portcullis-key").embeddings.create(
-                      model=demo.EMB_MODEL, input=["x"]), "a malformed token")
+                      model=EMB_MODEL, input=["x"]), "a malformed token")
 
         code_token, cc_token = idp_checks(res, gw, idp)
         run_sdk_suite(res, gw, "api-key", key_all, key_embed)
