@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Key-management API conformance for Portcullis (issue 11).
+"""Key-management API conformance for Portcullis.
 
 1. src/admin/openapi.json is a valid OpenAPI 3.1 document (openapi-spec-validator), its regular
    expressions compile, its examples match their schemas and its links name real operations.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""SDK conformance and real-identity-provider tests for Portcullis (issue 5, items 1 and 2).
+"""SDK conformance and real-identity-provider tests for Portcullis.
 
 Starts, on 127.0.0.1 and free ports: the fake upstream's demo model (target/debug/fake-upstream,
 testkit/src/upstream/model.rs), a real OpenID Provider (tests/sdk/idp.mjs, npm oidc-provider
