@@ -78,8 +78,10 @@ pub fn model_body(data: &[u8]) {
             well_shaped(endpoint, value),
             "{endpoint:?}: accepted a body of the wrong shape"
         );
+        // A `null` model is no model.
         let model = value
             .get("model")
+            .filter(|m| !m.is_null())
             .map(|m| m.as_str().expect("a string model"));
         // Without a policy nothing changes and the model is reported as the body has it.
         assert_eq!(
@@ -192,12 +194,16 @@ fn has_unique_keys(body: &[u8]) -> bool {
     serde_json::from_slice::<Unique>(body).is_ok()
 }
 
-/// The shapes `model_policy` promises, read independently on serde_json's `Value`.
+/// The shapes `model_policy` promises, read independently on serde_json's `Value`. The
+/// optional members it reads (`model`, `stream`) may also be `null`, which means absent.
 fn well_shaped(endpoint: Endpoint, body: &Value) -> bool {
     let Some(body) = body.as_object() else {
         return false;
     };
-    if body.get("model").is_some_and(|m| !m.is_string()) {
+    if body
+        .get("model")
+        .is_some_and(|m| !m.is_string() && !m.is_null())
+    {
         return false;
     }
     let integer = |v: &Value| v.is_i64() || v.is_u64();
@@ -213,7 +219,8 @@ fn well_shaped(endpoint: Endpoint, body: &Value) -> bool {
                         }
                 })
             };
-            body.get("stream").is_none_or(Value::is_boolean)
+            body.get("stream")
+                .is_none_or(|s| s.is_boolean() || s.is_null())
                 && body
                     .get("messages")
                     .and_then(Value::as_array)
@@ -255,7 +262,7 @@ fn assert_rewrite(original: &[u8], value: &Value, new: &[u8], expected: &str) {
         .into_iter()
         .find(|(key, _)| key == "model");
     match model_token {
-        // A default went in and nothing came out.
+        // A default went in and nothing came out. (A `null` model is a token, replaced below.)
         None => {
             assert!(removed.is_empty(), "a default insertion removed bytes");
             assert_eq!(added, format!("\"model\":{new_token},").len());

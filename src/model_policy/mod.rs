@@ -4,10 +4,14 @@
 
 mod body;
 #[cfg(test)]
+mod edit_tests;
+#[cfg(test)]
 mod tests;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::Range;
 
 /// The requests whose bodies the gateway reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +47,8 @@ pub struct Models {
     default: Option<DefaultModel>,
     /// Alias name (unescaped) -> the model it stands for.
     aliases: HashMap<String, Target>,
+    /// The most bytes an edit can add to a body (see `Edit::growth`).
+    max_growth: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -50,6 +56,8 @@ struct DefaultModel {
     name: String,
     /// `"model":<name>,`, inserted right after the body's opening brace.
     insert: Vec<u8>,
+    /// The name as a JSON string, quotes included: what replaces a `null` model.
+    token: Vec<u8>,
 }
 
 #[derive(Debug, Clone)]
@@ -69,22 +77,40 @@ impl Models {
         default: Option<String>,
         aliases: impl IntoIterator<Item = (String, String)>,
     ) -> Models {
-        let default = default.map(|name| DefaultModel {
-            insert: format!("\"model\":{},", json_string(&name)).into_bytes(),
-            name,
+        let default = default.map(|name| {
+            let token = json_string(&name);
+            DefaultModel {
+                insert: format!("\"model\":{token},").into_bytes(),
+                token: token.into_bytes(),
+                name,
+            }
         });
-        let aliases = aliases
+        let aliases: HashMap<String, Target> = aliases
             .into_iter()
             .map(|(alias, name)| {
                 let token = json_string(&name).into_bytes();
                 (alias, Target { name, token })
             })
             .collect();
-        Models { default, aliases }
+        let max_growth = (default.iter())
+            .map(|d| d.insert.len().max(d.token.len()))
+            .chain(aliases.values().map(|t| t.token.len()))
+            .max()
+            .unwrap_or(0);
+        Models {
+            default,
+            aliases,
+            max_growth,
+        }
+    }
+
+    /// The most bytes the policy can add to a body: room a held body keeps for its edit.
+    pub fn max_growth(&self) -> usize {
+        self.max_growth
     }
 }
 
-/// The outcome of the policy for one valid body.
+/// The outcome of the policy for one valid body, as a new body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
     /// Some(new body) only when the policy changed the body; None means: forward the
@@ -92,6 +118,38 @@ pub struct Applied {
     pub body: Option<Vec<u8>>,
     /// The model after the policy (None when the body has no model and there is no default).
     pub model: Option<String>,
+}
+
+/// The outcome of the policy for one valid body, as the edit to make: a body held whole is
+/// changed where it lies, never copied.
+#[derive(Debug)]
+pub struct Plan<'a, 'm> {
+    pub edit: Option<Edit<'m>>,
+    /// The model after the policy, borrowed from the body or the policy.
+    pub model: Option<Cow<'a, str>>,
+}
+
+/// Bytes `range` of the body replaced by `with`: an insertion when the range is empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit<'m> {
+    range: Range<usize>,
+    with: &'m [u8],
+}
+
+impl Edit<'_> {
+    /// How many bytes longer the body gets; at most `Models::max_growth`.
+    pub fn growth(&self) -> usize {
+        self.with.len().saturating_sub(self.range.len())
+    }
+
+    /// A new body: `body` with the edit made.
+    pub fn applied_to(&self, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(body.len() + self.growth());
+        out.extend_from_slice(&body[..self.range.start]);
+        out.extend_from_slice(self.with);
+        out.extend_from_slice(&body[self.range.end..]);
+        out
+    }
 }
 
 /// Why a body is refused: the message names the field and never quotes the body.
@@ -112,59 +170,85 @@ impl fmt::Display for BodyError {
 
 impl std::error::Error for BodyError {}
 
-/// Checks a chat or embeddings body and applies the policy to it.
+/// Checks a chat or embeddings body and applies the policy to it, as a new body.
 pub fn apply(endpoint: Endpoint, body: &[u8], models: &Models) -> Result<Applied, BodyError> {
-    let applied = match body::scan(endpoint, body)? {
-        None => match &models.default {
-            Some(default) => Applied {
-                body: Some(insert_default(body, &default.insert)),
-                model: Some(default.name.clone()),
+    let plan = plan(endpoint, body, models)?;
+    Ok(Applied {
+        body: plan.edit.map(|edit| edit.applied_to(body)),
+        model: plan.model.map(Cow::into_owned),
+    })
+}
+
+/// Checks a chat or embeddings body and says what the policy changes in it.
+pub fn plan<'a, 'm: 'a>(
+    endpoint: Endpoint,
+    body: &'a [u8],
+    models: &'m Models,
+) -> Result<Plan<'a, 'm>, BodyError> {
+    let plan = match body::scan(endpoint, body)? {
+        Some(body::Model {
+            token,
+            name: Some(name),
+        }) => match models.aliases.get(&*name) {
+            Some(target) => Plan {
+                // An alias to the name as the body spells it changes nothing.
+                edit: (token.as_bytes() != target.token).then(|| Edit {
+                    range: range_of(body, token),
+                    with: &target.token,
+                }),
+                model: Some(Cow::Borrowed(&target.name)),
             },
-            None => Applied {
-                body: None,
+            None => Plan {
+                edit: None,
+                model: Some(name),
+            },
+        },
+        // No model, or `null`: the default goes in (in the null's place), or nothing changes.
+        absent => match &models.default {
+            None => Plan {
+                edit: None,
                 model: None,
             },
-        },
-        Some(model) => match models.aliases.get(&*model.name) {
-            Some(target) => Applied {
-                body: replace_token(body, model.token, &target.token),
-                model: Some(target.name.clone()),
-            },
-            None => Applied {
-                body: None,
-                model: Some(model.name.into_owned()),
-            },
+            Some(default) => {
+                let edit = match absent {
+                    Some(null) => Edit {
+                        range: range_of(body, null.token),
+                        with: &default.token,
+                    },
+                    None => {
+                        let at = after_brace(body);
+                        Edit {
+                            range: at..at,
+                            with: &default.insert,
+                        }
+                    }
+                };
+                Plan {
+                    edit: Some(edit),
+                    model: Some(Cow::Borrowed(&default.name)),
+                }
+            }
         },
     };
-    Ok(applied)
+    Ok(plan)
 }
 
-/// `body` with `insert` right after its opening brace.
-fn insert_default(body: &[u8], insert: &[u8]) -> Vec<u8> {
+/// Where, in `body`, the default goes: right after its opening brace.
+fn after_brace(body: &[u8]) -> usize {
     // The body was checked to be an object: only JSON whitespace comes before its brace, and
-    // it is never empty (it holds `messages` or `input`), so the trailing comma is right.
-    let after_brace = body.iter().position(|&b| b == b'{').map_or(0, |i| i + 1);
-    debug_assert!(body[..after_brace.saturating_sub(1)]
+    // it is never empty (it holds `messages` or `input`), so the inserted trailing comma is
+    // right.
+    let after = body.iter().position(|&b| b == b'{').map_or(0, |i| i + 1);
+    debug_assert!(body[..after.saturating_sub(1)]
         .iter()
         .all(|b| b" \t\n\r".contains(b)));
-    let mut out = Vec::with_capacity(body.len() + insert.len());
-    out.extend_from_slice(&body[..after_brace]);
-    out.extend_from_slice(insert);
-    out.extend_from_slice(&body[after_brace..]);
-    out
+    after
 }
 
-/// `body` with `token` (a slice of it) replaced by `with`; None when that changes nothing.
-fn replace_token(body: &[u8], token: &str, with: &[u8]) -> Option<Vec<u8>> {
-    if token.as_bytes() == with {
-        return None;
-    }
+/// The position of `token`, a slice of `body`.
+fn range_of(body: &[u8], token: &str) -> Range<usize> {
     let start = token.as_ptr() as usize - body.as_ptr() as usize;
-    let end = start + token.len();
-    debug_assert!(body.as_ptr_range().contains(&token.as_ptr()) && end <= body.len());
-    let mut out = Vec::with_capacity(body.len() - token.len() + with.len());
-    out.extend_from_slice(&body[..start]);
-    out.extend_from_slice(with);
-    out.extend_from_slice(&body[end..]);
-    Some(out)
+    debug_assert!(body.as_ptr_range().contains(&token.as_ptr()));
+    debug_assert!(start + token.len() <= body.len());
+    start..start + token.len()
 }

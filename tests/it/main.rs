@@ -11,6 +11,7 @@ mod fuzz_corpus;
 mod gateway;
 mod metrics;
 mod model_policy;
+mod null_fields;
 mod operations;
 mod properties;
 mod replicas;

@@ -5,7 +5,7 @@ use serde::de::{self, MapAccess, SeqAccess};
 
 use super::{first_time, Check, Problem, Shape, Skip, Text};
 
-/// `stream`.
+/// `stream`: optional, so `null` stands for absent, as the OpenAI API reads it.
 pub(super) struct Stream<'p>(pub(super) &'p Problem);
 
 impl<'de> Shape<'de> for Stream<'_> {
@@ -18,6 +18,9 @@ impl<'de> Shape<'de> for Stream<'_> {
         "stream must be a boolean".into()
     }
     fn boolean<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn null<E: de::Error>(self) -> Result<(), E> {
         Ok(())
     }
 }

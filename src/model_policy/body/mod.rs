@@ -20,10 +20,10 @@ use fields::{Input, Messages, Stream};
 /// The top-level `model` of a body.
 #[derive(Debug)]
 pub(super) struct Model<'a> {
-    /// The JSON string token, quotes included, borrowed from the body.
+    /// The JSON token (a string, quotes included, or `null`), borrowed from the body.
     pub token: &'a str,
-    /// Its value after unescaping.
-    pub name: Cow<'a, str>,
+    /// The string after unescaping; None for `null`, which stands for no model.
+    pub name: Option<Cow<'a, str>>,
 }
 
 /// Checks `body` and returns its `model`, if it has one.
@@ -298,11 +298,18 @@ impl<'de> Shape<'de> for Top<'_> {
     }
 }
 
-/// The model in a JSON token that serde_json has already checked, if it is a string.
+/// The model in a JSON token that serde_json has already checked, if it is a string or null
+/// (an optional member given as `null` is absent to the OpenAI API).
 fn model_of(token: &str) -> Option<Model<'_>> {
+    if token == "null" {
+        return Some(Model { token, name: None });
+    }
     if !token.starts_with('"') {
         return None;
     }
     let Text(name) = serde_json::from_str(token).ok()?;
-    Some(Model { token, name })
+    Some(Model {
+        token,
+        name: Some(name),
+    })
 }
