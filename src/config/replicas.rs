@@ -153,7 +153,9 @@ impl Validator<'_> {
                 );
             }
             let interval = h.interval_seconds.unwrap_or(5);
-            let timeout = h.timeout_seconds.unwrap_or(2);
+            // The default follows a shorter interval, so that `interval_seconds = 1` alone is
+            // a valid check rather than a problem with a key the operator never wrote.
+            let timeout = h.timeout_seconds.unwrap_or(2.min(interval.max(1)));
             if interval == 0 {
                 self.problem(&format!("{hkey}.interval_seconds"), "must be at least 1");
             }

@@ -373,3 +373,24 @@ fn a_service_lists_at_most_sixty_four_replicas() {
     assert_eq!(parse(&list(64)).unwrap().services[0].replicas.len(), 64);
     assert!(problems(&list(65)).contains("services.infer.upstream: lists more than 64 replicas"));
 }
+
+#[test]
+fn a_health_check_timeout_defaults_to_two_seconds_or_the_interval() {
+    let check = |line: &str| {
+        let c = parse(&format!("{MINIMAL}health_check = {{ path = \"/h\"{line} }}\n"));
+        let h = c.unwrap().services[0].balancing.health_check.clone().unwrap();
+        (h.interval.as_secs(), h.timeout.as_secs())
+    };
+    assert_eq!(check(""), (5, 2));
+    assert_eq!(check(", interval_seconds = 1"), (1, 1));
+    assert_eq!(check(", interval_seconds = 3"), (3, 2));
+    assert_eq!(check(", interval_seconds = 1, timeout_seconds = 1"), (1, 1));
+    // A timeout the operator wrote is still checked against the interval.
+    let p = problems(&format!(
+        "{MINIMAL}health_check = {{ path = \"/h\", interval_seconds = 1, timeout_seconds = 2 }}\n"
+    ));
+    assert!(
+        p.contains("test.toml: services.infer.health_check.timeout_seconds"),
+        "{p}"
+    );
+}

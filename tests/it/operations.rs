@@ -406,6 +406,31 @@ fn config_test_flag_accepts_a_good_file_and_lists_every_problem_in_a_bad_one() {
     assert!(stderr.contains("bad.toml: line 2, column"), "{stderr}");
 }
 
+#[test]
+fn a_health_check_faster_than_two_seconds_needs_no_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = "[access_log]\ndestination = \"off\"\n\
+                   [services.a]\nupstream = \"http://127.0.0.1:1\"\nscope = \"a\"\n";
+    // The timeout defaults to the smaller of 2 s and the interval.
+    let (ok, stderr) = testkit::check_config(
+        dir.path(),
+        &format!("{service}health_check = {{ path = \"/health\", interval_seconds = 1 }}\n"),
+    );
+    assert!(ok, "{stderr}");
+    // One written longer than the interval is still refused, naming the key written.
+    let (ok, stderr) = testkit::check_config(
+        dir.path(),
+        &format!(
+            "{service}health_check = {{ path = \"/health\", interval_seconds = 1, timeout_seconds = 2 }}\n"
+        ),
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("c.toml: services.a.health_check.timeout_seconds"),
+        "{stderr}"
+    );
+}
+
 /// The most times one log message (timestamp aside) was written.
 fn most_repeated_line(log: &str) -> (usize, String) {
     let mut counts = std::collections::HashMap::<&str, usize>::new();
