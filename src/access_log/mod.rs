@@ -5,5 +5,7 @@
 mod record;
 mod writer;
 
-pub use record::{millis, path_only, HttpFields, KeyEventFields, ProxiedFields, Record};
+pub use record::{
+    millis, model_name, path_only, HttpFields, KeyEventFields, ProxiedFields, Record,
+};
 pub use writer::{open, AccessLog};

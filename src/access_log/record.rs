@@ -13,6 +13,8 @@ use serde::Serialize;
 /// Longest path logged; longer ones are cut (on a character boundary) so one request cannot
 /// write a megabyte line.
 const MAX_PATH: usize = 2048;
+/// Longest model name logged, for the same reason: the client writes it.
+const MAX_MODEL: usize = 256;
 
 #[derive(Serialize)]
 pub struct Record<'a> {
@@ -55,8 +57,8 @@ pub struct ProxiedFields<'a> {
     pub bytes_in: u64,
     /// Response body bytes sent to the client.
     pub bytes_out: u64,
-    /// On `api = "openai"` chat/embeddings calls: the model after the policy, and the usage
-    /// the upstream reported; null when unknown.
+    /// On `api = "openai"` chat/embeddings calls: the model after the policy (cut by
+    /// `model_name`), and the usage the upstream reported; null when unknown.
     pub model: Option<&'a str>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
@@ -86,15 +88,28 @@ impl Record<'_> {
 /// The path without its query, lossily decoded and capped: what any log line may show.
 pub fn path_only(raw: &[u8]) -> Cow<'_, str> {
     let end = raw.iter().position(|&b| b == b'?').unwrap_or(raw.len());
-    let path = String::from_utf8_lossy(&raw[..end]);
-    if path.len() <= MAX_PATH {
-        return path;
+    match String::from_utf8_lossy(&raw[..end]) {
+        Cow::Borrowed(path) => Cow::Borrowed(cut(path, MAX_PATH)),
+        Cow::Owned(path) if path.len() <= MAX_PATH => Cow::Owned(path),
+        Cow::Owned(path) => Cow::Owned(cut(&path, MAX_PATH).to_string()),
     }
-    let mut cut = MAX_PATH;
-    while !path.is_char_boundary(cut) {
-        cut -= 1;
+}
+
+/// A model name as the log may show it: at most 256 bytes.
+pub fn model_name(name: &str) -> &str {
+    cut(name, MAX_MODEL)
+}
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
     }
-    Cow::Owned(path[..cut].to_string())
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// Milliseconds with microsecond precision, as every duration in the log is written.
@@ -113,6 +128,18 @@ mod tests {
         let long = "é".repeat(MAX_PATH);
         let cut = path_only(long.as_bytes());
         assert!(cut.len() <= MAX_PATH && cut.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn model_names_are_cut_to_256_bytes_on_a_character_boundary() {
+        assert_eq!(model_name("gpt-4o"), "gpt-4o");
+        assert_eq!(model_name(&"m".repeat(5 << 20)), "m".repeat(256));
+        // 3-byte characters: 85 of them fit, the 86th would end at byte 258.
+        assert_eq!(model_name(&"€".repeat(1000)), "€".repeat(85));
+        assert_eq!(
+            model_name(&format!("{}é", "a".repeat(255))),
+            "a".repeat(255)
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::Session;
 use pingora::{Error, ErrorType, Result};
 
+use crate::access_log;
 use crate::errors::GatewayError;
 use crate::model_policy::{self, BodyError, Endpoint, Models};
 use crate::usage::{Encoding, Framing, Usage, UsageScanner};
@@ -34,7 +35,7 @@ pub const READ_AHEAD_MAX: u64 = 64 * 1024;
 pub struct Exchange {
     pub endpoint: Endpoint,
     body: Body,
-    /// The model after the policy, for the access log.
+    /// The model after the policy, as the access log shows it (cut to 256 bytes).
     pub model: Option<String>,
     /// Set when the body was refused; told to the client in the 400.
     pub error: Option<BodyError>,
@@ -101,11 +102,12 @@ impl Exchange {
     }
 
     fn apply(&mut self, body: &[u8], models: &Models) -> Next {
-        match model_policy::apply(self.endpoint, body, models) {
-            Ok(applied) => {
-                self.model = applied.model;
-                if let Some(changed) = applied.body {
-                    self.body = Body::Replaced(Bytes::from(changed));
+        match model_policy::plan(self.endpoint, body, models) {
+            Ok(plan) => {
+                // The access log is the name's only reader: only what it shows is copied.
+                self.model = plan.model.map(|m| access_log::model_name(&m).to_owned());
+                if let Some(edit) = plan.edit {
+                    self.body = Body::Replaced(Bytes::from(edit.applied_to(body)));
                 }
                 Next::Proxy
             }

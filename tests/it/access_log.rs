@@ -228,3 +228,36 @@ fn the_access_log_file_is_reopened_on_sighup_and_rotated_by_size() {
     }
     assert!(!dir.join("access.log.3").exists());
 }
+
+#[test]
+fn the_logged_model_is_cut_to_256_bytes_on_a_character_boundary() {
+    let up = Upstream::start();
+    let gw = Gateway::builder()
+        .service(Service::new("chat", up.url("/oa/chat")).openai())
+        .max_body(4 << 20)
+        .extra("[access_log]\ndestination = \"{dir}/access.log\"\n")
+        .start();
+    let (key, _) = gw.create_key("chat", &[]);
+    // 1 MiB of ASCII, then a name of 3-byte characters: 256 is not a multiple of 3.
+    for (id, model) in [
+        ("m-ascii", "m".repeat(1 << 20)),
+        ("m-euro", "€".repeat(1000)),
+    ] {
+        let body =
+            format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+        let req = format!(
+            "POST /v1/chat/v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n\
+             X-Request-Id: {id}\r\ncontent-length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        assert_eq!(gw.raw(req.as_bytes()).0, 200);
+        // The upstream still gets the name as sent: only the log line is cut.
+        assert_eq!(up.last().body, body.as_bytes());
+    }
+    let path = gw.dir.path().join("access.log");
+    let lines = access_lines(&path, &["m-ascii", "m-euro"]);
+    assert_eq!(lines["m-ascii"]["model"], "m".repeat(256));
+    assert_eq!(lines["m-euro"]["model"], "€".repeat(85));
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(size < 8 * 1024, "the access log holds {size} bytes");
+}
