@@ -21,7 +21,8 @@ use crate::time::unix_now;
 use outage::StoreHealth;
 pub use push::RevocationPush;
 pub use store::{
-    check_postgres_url, is_postgres_url, open_store, KeyRecord, KeyStore, StoreError, StoredKey,
+    check_postgres_url, is_postgres_url, open_store, KeyRecord, KeyStore, PageEnd, StoreError,
+    StoredKey,
 };
 
 #[derive(Clone)]

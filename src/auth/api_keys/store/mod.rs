@@ -1,7 +1,8 @@
 //! Where API keys live: `sqlite.rs` on one host, `postgres.rs` for a fleet, behind one
 //! `KeyStore` trait, with the same rows, the same numbered migrations and one row mapping.
-//! Only a verifier (SHA-256 of the secret) is stored; revocation marks a row and never
-//! deletes it, so a key id is never reused and the audit trail stays.
+//! Only a verifier (SHA-256 of the secret) is stored; revocation marks a row, and the row is
+//! deleted only once it has been revoked for `[admin] revoked_retention_days` (the access log
+//! keeps the audit trail of its creation and revocation).
 
 mod postgres;
 mod sqlite;
@@ -49,6 +50,28 @@ impl KeyRecord {
     }
 }
 
+/// Where a page of keys ends: the last key it holds, in the listing order (newest first by
+/// `created_at`, then `key_id`). The next page starts right after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageEnd {
+    pub created_at: i64,
+    pub key_id: String,
+}
+
+impl PageEnd {
+    pub fn of(record: &KeyRecord) -> PageEnd {
+        PageEnd {
+            created_at: record.created_at,
+            key_id: record.key_id.clone(),
+        }
+    }
+
+    /// Whether `record` comes after this end in the listing order.
+    fn precedes(&self, record: &KeyRecord) -> bool {
+        (record.created_at, record.key_id.as_str()) < (self.created_at, self.key_id.as_str())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct StoredKey {
     pub record: KeyRecord,
@@ -84,6 +107,68 @@ pub trait KeyStore: Send + Sync {
     }
     /// Marks the key revoked at `at`; false if no such key. Revoking twice keeps the first time.
     async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError>;
+    /// At most `limit` keys (of `owner`, when given), newest first, starting after `after`.
+    /// The stores read just that page through an index (keyset paging), never the whole
+    /// table; this default (everything, then filtered) is for test stores.
+    async fn page(
+        &self,
+        owner: Option<&str>,
+        after: Option<&PageEnd>,
+        limit: u32,
+    ) -> Result<Vec<KeyRecord>, StoreError> {
+        let mut keys = match owner {
+            Some(owner) => self.list_by_owner(owner).await?,
+            None => self.list().await?,
+        };
+        keys.retain(|k| after.is_none_or(|end| end.precedes(k)));
+        keys.sort_by(|a, b| (b.created_at, &b.key_id).cmp(&(a.created_at, &a.key_id)));
+        keys.truncate(limit as usize);
+        Ok(keys)
+    }
+    /// Deletes at most `batch` keys revoked before `before` (unix seconds); how many it
+    /// deleted. Batches keep each write short, so creates and revokes are not held up. The
+    /// stores do this in one statement; test stores keep their keys.
+    async fn purge_revoked(&self, _before: i64, _batch: u32) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+}
+
+/// The statement of one page of `KeyStore::page`, one per shape (so each is planned on its
+/// index: `api_keys_owner_created` or `api_keys_created`), with parameters in this order:
+/// the owner, the end of the last page (`created_at`, `key_id`), the limit. `mark` is the
+/// dialect's placeholder prefix (`?` or `$`).
+fn page_sql(owner: bool, after: bool, mark: char) -> String {
+    let mut n = 0;
+    let mut next = || {
+        n += 1;
+        format!("{mark}{n}")
+    };
+    let mut conditions = Vec::new();
+    if owner {
+        conditions.push(format!("owner = {}", next()));
+    }
+    if after {
+        conditions.push(format!("(created_at, key_id) < ({}, {})", next(), next()));
+    }
+    let filter = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conditions.join(" AND "))
+    };
+    format!(
+        "SELECT * FROM api_keys{filter} ORDER BY created_at DESC, key_id DESC LIMIT {}",
+        next()
+    )
+}
+
+/// The statement of `KeyStore::purge_revoked`: the oldest revocations first, `batch` at most.
+/// Parameters: the time, the batch size.
+fn purge_sql(mark: char) -> String {
+    format!(
+        "DELETE FROM api_keys WHERE key_id IN (SELECT key_id FROM api_keys
+             WHERE revoked_at IS NOT NULL AND revoked_at < {mark}1
+             ORDER BY revoked_at LIMIT {mark}2)"
+    )
 }
 
 /// One schema step, numbered the same on both stores, in each database's dialect.
@@ -124,6 +209,21 @@ const MIGRATIONS: &[Migration] = &[
             CREATE INDEX IF NOT EXISTS api_keys_owner ON api_keys (owner);",
         postgres: "ALTER TABLE api_keys ADD COLUMN IF NOT EXISTS owner TEXT;
             CREATE INDEX IF NOT EXISTS api_keys_owner ON api_keys (owner);",
+    },
+    // Paged listings (newest first, all keys or one owner's) and the removal of keys revoked
+    // long ago read only the rows they need.
+    Migration {
+        version: 3,
+        sqlite: "CREATE INDEX IF NOT EXISTS api_keys_created ON api_keys (created_at, key_id);
+            CREATE INDEX IF NOT EXISTS api_keys_owner_created
+                ON api_keys (owner, created_at, key_id);
+            CREATE INDEX IF NOT EXISTS api_keys_revoked ON api_keys (revoked_at)
+                WHERE revoked_at IS NOT NULL;",
+        postgres: "CREATE INDEX IF NOT EXISTS api_keys_created ON api_keys (created_at, key_id);
+            CREATE INDEX IF NOT EXISTS api_keys_owner_created
+                ON api_keys (owner, created_at, key_id);
+            CREATE INDEX IF NOT EXISTS api_keys_revoked ON api_keys (revoked_at)
+                WHERE revoked_at IS NOT NULL;",
     },
 ];
 

@@ -14,8 +14,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
 use super::{
-    newer_than_known, record, stored, KeyRecord, KeyStore, StoreError, StoredKey, MIGRATIONS,
-    MIGRATIONS_TABLE,
+    newer_than_known, page_sql, purge_sql, record, stored, KeyRecord, KeyStore, PageEnd,
+    StoreError, StoredKey, MIGRATIONS, MIGRATIONS_TABLE,
 };
 
 /// The NOTIFY channel a revoke is announced on; the payload is the key id.
@@ -255,5 +255,34 @@ impl KeyStore for PgStore {
         }
         tx.commit().await?;
         Ok(found)
+    }
+
+    async fn page(
+        &self,
+        owner: Option<&str>,
+        after: Option<&PageEnd>,
+        limit: u32,
+    ) -> Result<Vec<KeyRecord>, StoreError> {
+        self.ready().await?;
+        let sql = page_sql(owner.is_some(), after.is_some(), '$');
+        let mut query = sqlx::query(&sql);
+        if let Some(owner) = owner {
+            query = query.bind(owner);
+        }
+        if let Some(end) = after {
+            query = query.bind(end.created_at).bind(&end.key_id);
+        }
+        let rows = query.bind(limit as i64).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+    }
+
+    async fn purge_revoked(&self, before: i64, batch: u32) -> Result<u64, StoreError> {
+        self.ready().await?;
+        let done = sqlx::query(&purge_sql('$'))
+            .bind(before)
+            .bind(batch as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 }

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
 use super::{
-    newer_than_known, record, stored, KeyRecord, KeyStore, StoreError, StoredKey, MIGRATIONS,
-    MIGRATIONS_TABLE,
+    newer_than_known, page_sql, purge_sql, record, stored, KeyRecord, KeyStore, PageEnd,
+    StoreError, StoredKey, MIGRATIONS, MIGRATIONS_TABLE,
 };
 
 /// Brings a database to the current schema inside one `BEGIN IMMEDIATE` transaction, so two
@@ -203,5 +203,32 @@ impl KeyStore for SqliteStore {
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn page(
+        &self,
+        owner: Option<&str>,
+        after: Option<&PageEnd>,
+        limit: u32,
+    ) -> Result<Vec<KeyRecord>, StoreError> {
+        let sql = page_sql(owner.is_some(), after.is_some(), '?');
+        let mut query = sqlx::query(&sql);
+        if let Some(owner) = owner {
+            query = query.bind(owner);
+        }
+        if let Some(end) = after {
+            query = query.bind(end.created_at).bind(&end.key_id);
+        }
+        let rows = query.bind(limit as i64).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+    }
+
+    async fn purge_revoked(&self, before: i64, batch: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(&purge_sql('?'))
+            .bind(before)
+            .bind(batch as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 }

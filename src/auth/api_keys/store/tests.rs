@@ -1,9 +1,10 @@
-//! Files made by earlier releases open with their keys, and take only the steps they lack.
+//! Files made by earlier releases open with their keys, and take only the steps they lack;
+//! paged listings and the removal of old revocations on a real SQLite file.
 
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
-use super::{KeyStore, SqliteStore};
+use super::{page_sql, KeyRecord, KeyStore, PageEnd, SqliteStore, StoredKey};
 
 /// The table exactly as the releases before the shared migration list wrote it, with one row,
 /// and their step counter.
@@ -76,10 +77,10 @@ async fn a_file_of_every_earlier_schema_opens_with_its_keys() {
             assert_eq!(key.record.owner, owner, "with_owner = {with_owner}");
             assert_eq!(store.list().await.unwrap().len(), 1);
         }
-        // Steps 1 and 2 of the shared list; the old counter still reads "owners added".
+        // Every step of the shared list; the old counter counts the steps after the table.
         assert_eq!(
             recorded(&path).await,
-            (vec![1, 2], 1),
+            (vec![1, 2, 3], 2),
             "with_owner = {with_owner}"
         );
     }
@@ -92,5 +93,81 @@ async fn a_new_file_records_the_shared_steps() {
     let url = format!("sqlite://{}", path.display());
     SqliteStore::open(&url).await.unwrap();
     SqliteStore::open(&url).await.unwrap();
-    assert_eq!(recorded(&path).await, (vec![1, 2], 1));
+    assert_eq!(recorded(&path).await, (vec![1, 2, 3], 2));
+}
+
+/// A key of `owner` made at `created_at`.
+fn key(id: u64, owner: Option<&str>, created_at: i64) -> StoredKey {
+    StoredKey {
+        record: KeyRecord {
+            key_id: format!("{id:016x}"),
+            name: "k".into(),
+            scopes: vec!["infer".into()],
+            created_at,
+            expires_at: None,
+            revoked_at: None,
+            owner: owner.map(str::to_string),
+        },
+        verifier: [0; 32],
+    }
+}
+
+#[tokio::test]
+async fn pages_walk_every_key_once_newest_first_and_old_revocations_are_purged() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&format!("sqlite://{}/keys.db", dir.path().display()))
+        .await
+        .unwrap();
+    // Several keys share a second, so the key id breaks the ties.
+    for i in 0..25u64 {
+        let owner = if i % 2 == 0 { "alice" } else { "bob" };
+        let made = key(i, Some(owner), 100 + (i / 4) as i64);
+        store.insert(&made).await.unwrap();
+        if i < 6 {
+            store
+                .revoke(&made.record.key_id, 1_000 + i as i64)
+                .await
+                .unwrap();
+        }
+    }
+    for (owner, want) in [(None, 25), (Some("alice"), 13)] {
+        let mut seen: Vec<KeyRecord> = Vec::new();
+        let mut after = None;
+        loop {
+            let page = store.page(owner, after.as_ref(), 4).await.unwrap();
+            assert!(page.len() <= 4);
+            let Some(last) = page.last() else { break };
+            after = Some(PageEnd::of(last));
+            seen.extend(page);
+        }
+        assert_eq!(seen.len(), want, "{owner:?}");
+        let order: Vec<_> = seen.iter().map(|k| (k.created_at, &k.key_id)).collect();
+        let mut sorted = order.clone();
+        sorted.sort_by(|a, b| b.cmp(a));
+        sorted.dedup();
+        assert_eq!(order, sorted, "newest first, each once ({owner:?})");
+        assert!(owner.is_none_or(|o| seen.iter().all(|k| k.owner.as_deref() == Some(o))));
+    }
+    // Revoked at 1000..1005: those before 1004 go, two at a time; the rest stay.
+    assert_eq!(store.purge_revoked(1_004, 2).await.unwrap(), 2);
+    assert_eq!(store.purge_revoked(1_004, 2).await.unwrap(), 2);
+    assert_eq!(store.purge_revoked(1_004, 2).await.unwrap(), 0);
+    let left = store.list().await.unwrap();
+    assert_eq!(left.len(), 21);
+    assert!(left
+        .iter()
+        .all(|k| k.revoked_at.is_none_or(|at| at >= 1_004)));
+}
+
+#[test]
+fn page_statements_number_their_parameters_in_order() {
+    assert_eq!(
+        page_sql(true, true, '$'),
+        "SELECT * FROM api_keys WHERE owner = $1 AND (created_at, key_id) < ($2, $3) \
+         ORDER BY created_at DESC, key_id DESC LIMIT $4"
+    );
+    assert_eq!(
+        page_sql(false, false, '?'),
+        "SELECT * FROM api_keys ORDER BY created_at DESC, key_id DESC LIMIT ?1"
+    );
 }
