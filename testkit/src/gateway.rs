@@ -270,10 +270,16 @@ impl Gateway {
     /// on `upgrade_sock`, ready for the old one's sockets: the same wait as the systemd unit's
     /// ExecReload, so SIGQUIT is never sent to a process with nobody to hand over to.
     pub fn spawn_upgrade(&self, config: &Path) -> Proc {
+        self.spawn_upgrade_logging_to(config, "new.log")
+    }
+
+    /// `spawn_upgrade` with the new process logging to `<dir>/<log_name>`: a run of many
+    /// upgrades gives each generation its own file rather than truncating the serving one's.
+    pub fn spawn_upgrade_logging_to(&self, config: &Path, log_name: &str) -> Proc {
         use std::os::unix::fs::FileTypeExt;
         let sock = self.dir.path().join("upgrade.sock");
         let _ = std::fs::remove_file(&sock);
-        let mut new = self.spawn_serve(config, &["-u"], "new.log");
+        let mut new = self.spawn_serve(config, &["-u"], log_name);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !std::fs::metadata(&sock).is_ok_and(|m| m.file_type().is_socket()) {
             assert!(

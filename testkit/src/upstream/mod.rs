@@ -105,6 +105,12 @@ impl HitLog {
             .count()
     }
 
+    /// Forgets everything recorded so far: a run of hours clears it now and then, so the
+    /// record does not grow without bound.
+    pub fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+
     fn push(&self, hit: Hit) {
         self.0.lock().unwrap().push(hit);
     }
