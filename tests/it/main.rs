@@ -15,6 +15,7 @@ mod null_fields;
 mod operations;
 mod properties;
 mod replicas;
+mod soak;
 mod tls;
 
 use testkit::{free_port, Gateway, Service, Upstream};
