@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all build deps test-deps run test bench fuzz fmt lint clean
+.PHONY: all build deps test-deps run test soak bench fuzz fmt lint clean
 
 all: build
 
@@ -46,11 +46,20 @@ test: test-deps
 	scripts/vendor.sh --check
 	scripts/vendor.sh --test
 	$(CARGO) test --features fuzzing --lib --bins --tests -- --test-threads=4
+	SOAK_MINUTES=3 $(CARGO) test --features fuzzing --test it soak -- --ignored --nocapture
 	$(CARGO) test --bench auth --bench replicas
 	scripts/fuzz.sh smoke
 	scripts/sdk-tests.sh
 	scripts/admin-api-tests.sh
 	scripts/browser-tests.sh
+
+# The soak (tests/it/soak/): one gateway for SOAK_MINUTES under paced mixed traffic and a fault
+# schedule (an upgrade every 5 minutes; key revocations, Postgres, Redis and a replica restarted,
+# the JWKS rotated), its RSS, fds and connections sampled every 10 s into target/soak/ (CSV, PNG
+# drawn by scripts/soak-plot.sh, one line of figures; SOAK_OUT elsewhere). make test runs 3 minutes.
+SOAK_MINUTES ?= 60
+soak: test-deps
+	SOAK_MINUTES=$(SOAK_MINUTES) $(CARGO) test --features fuzzing --test it soak -- --ignored --nocapture
 
 # Coverage-guided fuzzing of every parser that reads client bytes: 10 million executions or
 # 30 minutes per target (FUZZ_RUNS, FUZZ_SECONDS). Installs cargo-fuzz when missing.
