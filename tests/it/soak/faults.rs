@@ -70,15 +70,16 @@ impl Fault {
     }
 }
 
-/// When each fault happens in a run of `total`: an upgrade every 5 minutes (every half run
-/// when shorter), the other faults in turn every minute after the warm-up (closer together in
-/// a short run, so that a 3-minute one still has each of them once).
-pub fn plan(total: Duration) -> Vec<(Duration, Fault)> {
+/// When each fault happens in a run of `total`: an upgrade every `upgrades` (5 minutes by
+/// default; every half run when that is shorter; never when zero), the other faults in turn
+/// every minute after the warm-up (closer together in a short run, so that a 3-minute one still
+/// has each of them once).
+pub fn plan(total: Duration, upgrades: Duration) -> Vec<(Duration, Fault)> {
     let end = total.saturating_sub(TAIL);
     let mut events = Vec::new();
-    let upgrade_every = Duration::from_secs(300).min(total / 2);
+    let upgrade_every = upgrades.min(total / 2);
     let mut t = upgrade_every;
-    while t <= end {
+    while t <= end && !upgrade_every.is_zero() {
         events.push((t, Fault::Upgrade));
         t += upgrade_every;
     }

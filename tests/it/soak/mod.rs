@@ -90,6 +90,14 @@ fn only_what_faults_cause_fails_no_log_line_is_lost_and_fds_and_memory_stay_flat
         "SOAK_MINUTES: at least 2, for every fault to fit"
     );
     let total = Duration::from_secs_f64(minutes * 60.0);
+    // 0 watches one process for the whole run, which the upgrades otherwise replace.
+    let upgrades: f64 = std::env::var("SOAK_UPGRADE_MINUTES")
+        .map(|m| {
+            m.parse()
+                .expect("SOAK_UPGRADE_MINUTES: a number of minutes")
+        })
+        .unwrap_or(5.0);
+    let upgrades = Duration::from_secs_f64(upgrades * 60.0);
     let out = out_dir();
     std::fs::create_dir_all(&out).unwrap();
     let (csv, png) = (out.join("soak.csv"), out.join("soak.png"));
@@ -145,7 +153,7 @@ fn only_what_faults_cause_fails_no_log_line_is_lost_and_fds_and_memory_stay_flat
     let mut findings = Findings::default();
     sleep_until(&clients, faults::WARMUP);
     let baseline = procfs::steady_fds(world.pid(), world.gw.port).expect("the gateway is gone");
-    for (at, fault) in faults::plan(total) {
+    for (at, fault) in faults::plan(total, upgrades) {
         sleep_until(&clients, at);
         eprintln!(
             "soak: {:>6.1} s  {} ({} requests so far)",
@@ -177,6 +185,7 @@ fn only_what_faults_cause_fails_no_log_line_is_lost_and_fds_and_memory_stay_flat
         &failures,
         lost.len(),
         rss,
+        &rows,
         baseline,
         &findings,
         clients
@@ -261,6 +270,7 @@ fn figures(
     failures: &verdict::Failures,
     lost: usize,
     rss: Option<(u64, u64, f64)>,
+    rows: &[procfs::Row],
     baseline: usize,
     f: &Findings,
     keepalive_retries: u64,
@@ -295,6 +305,13 @@ fn figures(
         }
         None => line.push_str("RSS: no sample; "),
     }
+    if let Some((kb, pct)) = verdict::rss_growth_per_process(rows) {
+        let _ = write!(
+            line,
+            "one process's RSS grew at most {:+.1} MiB ({pct:+.1} %) after its first minute; ",
+            kb as f64 / 1024.0
+        );
+    }
     let _ = write!(line, "fds baseline {baseline}, after");
     for fault in faults::ALL {
         let after: Vec<usize> = f
@@ -321,8 +338,9 @@ fn figures(
 }
 
 #[test]
-fn a_three_minute_soak_meets_every_fault_and_an_hour_upgrades_every_five_minutes() {
-    let short = faults::plan(Duration::from_secs(180));
+fn a_three_minute_soak_meets_every_fault_an_hour_upgrades_every_five_minutes_and_zero_never() {
+    let five = Duration::from_secs(300);
+    let short = faults::plan(Duration::from_secs(180), five);
     for fault in faults::ALL {
         assert!(
             short.iter().any(|(_, f)| *f == fault),
@@ -330,7 +348,7 @@ fn a_three_minute_soak_meets_every_fault_and_an_hour_upgrades_every_five_minutes
         );
     }
     assert!(short.iter().all(|(at, _)| *at >= faults::WARMUP));
-    let hour = faults::plan(Duration::from_secs(3600));
+    let hour = faults::plan(Duration::from_secs(3600), five);
     let upgrades: Vec<u64> = hour
         .iter()
         .filter(|(_, f)| *f == Fault::Upgrade)
@@ -339,4 +357,7 @@ fn a_three_minute_soak_meets_every_fault_and_an_hour_upgrades_every_five_minutes
     assert_eq!(upgrades, (1..=11).map(|k| k * 300).collect::<Vec<_>>());
     let last = hour.last().unwrap().0;
     assert!(last + faults::TAIL <= Duration::from_secs(3600), "{last:?}");
+    let no_upgrade = faults::plan(Duration::from_secs(1200), Duration::ZERO);
+    assert!(!no_upgrade.iter().any(|(_, f)| *f == Fault::Upgrade));
+    assert!(no_upgrade.len() >= 19, "{no_upgrade:?}");
 }

@@ -93,6 +93,7 @@ pub fn steady_fds(pid: u32, port: u16) -> Option<usize> {
 #[derive(Clone, Debug)]
 pub struct Row {
     pub t: Duration,
+    pub pid: u32,
     pub stats: Stats,
 }
 
@@ -162,7 +163,7 @@ impl Sampler {
                         events.take()
                     );
                     let _ = out.flush();
-                    rows.push(Row { t, stats });
+                    rows.push(Row { t, pid, stats });
                 }
                 next += every;
                 while Instant::now() < next && !flag.load(Ordering::Relaxed) {

@@ -107,3 +107,31 @@ pub fn rss_growth(rows: &[Row], total: Duration) -> Option<(u64, u64, f64)> {
     let growth = (end as f64 - base as f64) * 100.0 / base as f64;
     Some((base, end, growth))
 }
+
+/// What upgrades hide: the most any one process's RSS grew from its first minute of serving to
+/// its last sample, among processes that served at least 3 minutes. `(kB, %)`.
+pub fn rss_growth_per_process(rows: &[Row]) -> Option<(i64, f64)> {
+    let mut worst: Option<(i64, f64)> = None;
+    let mut i = 0;
+    while i < rows.len() {
+        let pid = rows[i].pid;
+        let life: Vec<&Row> = rows[i..].iter().take_while(|r| r.pid == pid).collect();
+        i += life.len();
+        let (first, last) = (life[0], life[life.len() - 1]);
+        if last.t < first.t + Duration::from_secs(180) {
+            continue;
+        }
+        let Some(settled) = life
+            .iter()
+            .find(|r| r.t >= first.t + Duration::from_secs(60))
+        else {
+            continue;
+        };
+        let kb = last.stats.rss_kb as i64 - settled.stats.rss_kb as i64;
+        let pct = kb as f64 * 100.0 / settled.stats.rss_kb as f64;
+        if worst.is_none_or(|(_, w)| pct > w) {
+            worst = Some((kb, pct));
+        }
+    }
+    worst
+}
