@@ -69,11 +69,11 @@ fuzz: deps
 # Criterion micro-benchmarks of authentication (API keys on SQLite and on a throwaway
 # PostgreSQL server, hence test-deps), then the load benchmark on loopback against the upstream
 # direct, nginx and the bare-Pingora floor, and instructions per request under callgrind
-# (scripts/loadbench.sh installs wrk, nginx, redis-server and valgrind when missing).
+# (benches/load/run.py installs wrk, nginx, redis-server and valgrind when missing).
 bench: test-deps
 	$(CARGO) bench --bench auth
 	$(CARGO) bench --bench replicas
-	scripts/loadbench.sh
+	python3 benches/load/run.py
 
 fmt:
 	$(CARGO) fmt --all

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Instructions per request: the bare-Pingora floor (benches/floor/) and the gateway, each under
+`valgrind --tool=callgrind`, each given the same fixed number of chat POSTs on one kept-alive
+connection after a warm-up. Counting instructions is deterministic where wall-clock rounds on a
+shared machine swing ±15%.
+
+Run on its own (`python3 benches/load/callgrind.py`), it prints `name value` lines on stdout:
+  ir_floor, ir_key     instructions per request, whole process
+  hook_<name>          the gateway's own hooks, inclusive, per request
+and keeps the raw profiles under $OUT (default bench-results/callgrind/) for
+callgrind_annotate. Knobs: CG_REQUESTS (2000), CG_WARMUP (300); BIN, EX and FLOOR to reuse
+binaries already built (otherwise it builds them). run.py imports measure().
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import (
+    BenchError,
+    Processes,
+    apt_install,
+    exit_on_signals,
+    free_port,
+    read_text,
+    wait_http,
+    wait_line,
+)
+
+BODY = '{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
+# An async hook's cost is in its future's poll (`…::hook::{{closure}}`) plus the boxing in
+# `…::hook`; both are summed under the hook's name.
+HOOK = re.compile(r"Gateway as pingora_proxy::proxy_trait::ProxyHttp>::")
+
+
+def ensure_valgrind(log):
+    if shutil.which("valgrind") is None:
+        apt_install(["valgrind"], log)
+
+
+def measure(tools, out_dir, requests, warmup, log):
+    """{ir_floor, ir_key, hook_<name>…}: instructions per request of the patched floor and the
+    gateway, and of each of the gateway's hooks; profiles left in out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="portcullis-callgrind.") as work:
+        procs = Processes()
+        try:
+            return Session(tools, Path(work), out_dir, requests, warmup, procs, log).run()
+        finally:
+            procs.close()
+
+
+class Session:
+    def __init__(self, tools, work, out_dir, requests, warmup, procs, log):
+        self.tools, self.work, self.out = tools, work, out_dir
+        self.requests, self.warmup = requests, warmup
+        self.procs, self.log = procs, log
+
+    def run(self):
+        up_port = free_port()
+        self.procs.start(
+            [self.tools.fast_upstream, "--port", up_port, "--hosts", "1",
+             "--tick-ms", "5000", "--max-life-s", "900"],
+            stdout=self.work / "upstream.log",
+            stderr=subprocess.STDOUT,
+        )
+        wait_line(self.work / "upstream.log", "listening")
+        gw_port = free_port()
+        config = self.work / "portcullis.toml"
+        config.write_text(self.gateway_config(gw_port, up_port))
+        self.key = create_key(self.tools.gateway, config, "callgrind")
+        floor_port = free_port()
+
+        figures = {}
+        self.log(f"floor under callgrind ({self.requests} requests after {self.warmup})")
+        figures["ir_floor"] = self.profile(
+            "floor",
+            floor_port,
+            [self.tools.floor, "--listen", f"127.0.0.1:{floor_port}",
+             "--upstream", f"127.0.0.1:{up_port}", "--key", self.key],
+        )
+        self.log(f"gateway under callgrind ({self.requests} requests after {self.warmup})")
+        figures["ir_key"] = self.profile("gateway", gw_port, [self.tools.gateway, "serve", "--config", config])
+        figures.update(self.hooks(self.out / "gateway.out"))
+        return figures
+
+    def gateway_config(self, gw_port, up_port):
+        w = self.work
+        return f"""[server]
+listen = ["127.0.0.1:{gw_port}"]
+threads = 1
+upgrade_sock = "{w}/upgrade.sock"
+pid_file = "{w}/portcullis.pid"
+[access_log]
+destination = "off"
+[auth.api_keys]
+database = "sqlite://{w}/keys.db"
+[metrics]
+listen = "127.0.0.1:{free_port()}"
+[services.infer]
+upstream = "http://127.0.0.1:{up_port}"
+scope = "infer"
+"""
+
+    def drive(self, port, count):
+        """count sequential chat POSTs through port, each checked to be a 200 by loadgen."""
+        done = subprocess.run(
+            [
+                str(self.tools.loadgen), "count", "--addr", f"127.0.0.1:{port}", "--method", "POST",
+                "--path", "/v1/infer/v1/chat/completions",
+                "--header", f"authorization: Bearer {self.key}", "--header", "content-type: application/json",
+                "--body", BODY, "--count", str(count),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        if done.returncode != 0:
+            raise BenchError(f"requests through port {port} failed")
+
+    def profile(self, name, port, argv):
+        """Runs argv under callgrind, warms it up, zeroes the counters, counts `requests`
+        requests and dumps: the profile goes to OUT/name.out, instructions per request back."""
+        proc = self.procs.start(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.work}/{name}.%p", *argv],
+            stdout=self.work / f"{name}.log",
+            stderr=subprocess.STDOUT,
+        )
+        wait_http(f"http://127.0.0.1:{port}/healthz", 60)  # start-up under valgrind takes seconds
+        self.drive(port, self.warmup)
+        control("-z", proc.pid)  # zero the counters: the warm-up is not counted
+        self.drive(port, self.requests)
+        control("-d", proc.pid)  # dump the profile
+        dumps = sorted(self.work.glob(f"{name}.{proc.pid}.*"))
+        if not dumps:
+            tail = "\n".join(read_text(self.work / f"{name}.log").splitlines()[-5:])
+            raise BenchError(f"callgrind wrote no profile for {name}: {tail}")
+        self.procs.stop(proc, sig=signal.SIGKILL, grace_s=5)
+        target = self.out / f"{name}.out"
+        shutil.move(dumps[0], target)
+        return total_instructions(target) // self.requests
+
+    def hooks(self, profile):
+        """hook_<name>: each of the gateway's ProxyHttp hooks, inclusive, per request."""
+        annotated = subprocess.run(
+            ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(profile)],
+            capture_output=True,
+            text=True,
+        ).stdout
+        cost = {}
+        for line in annotated.splitlines():
+            if not HOOK.search(line):
+                continue
+            count = line.split()[0].replace(",", "")
+            name = line.split("ProxyHttp>::")[-1]
+            name = re.sub(r"::\{\{closure\}\}.*", "", name)
+            name = re.split(r"[ (]", name, maxsplit=1)[0]
+            cost[name] = cost.get(name, 0) + int(count)
+        return {f"hook_{h}": cost[h] // self.requests for h in sorted(cost)}
+
+
+def control(command, pid):
+    """callgrind_control COMMAND PID, its chatter shown only when it fails."""
+    done = subprocess.run(["callgrind_control", command, str(pid)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BenchError(f"callgrind_control {command} {pid} failed: {done.stdout}{done.stderr}")
+
+
+def total_instructions(profile):
+    """The event total on a callgrind profile's `summary:` (or `totals:`) line."""
+    with open(profile, errors="replace") as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise BenchError(f"no summary line in {profile}")
+
+
+def create_key(gateway, config, name):
+    """A new API key with scope `infer` from `portcullis keys create` (its last line)."""
+    out = subprocess.run(
+        [str(gateway), "keys", "create", "--config", str(config), "--name", name, "--scopes", "infer"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip().splitlines()
+    key = out[-1] if out else ""
+    if not key.startswith("ak_"):
+        raise BenchError("keys create printed no key")
+    return key
+
+
+def main():
+    import run  # the binaries' paths and how to build them live in one place, run.py
+
+    exit_on_signals()
+    os.chdir(run.ROOT)
+
+    def log(message):
+        print(f"callgrind: {message}", file=sys.stderr, flush=True)
+
+    try:
+        ensure_valgrind(log)
+        if not os.environ.get("BIN"):
+            run.build(log, unpatched_floor=False)
+        tools = run.Tools.built(os.environ.get("BIN"), os.environ.get("EX"), os.environ.get("FLOOR"))
+        figures = measure(
+            tools,
+            os.environ.get("OUT") or run.ROOT / "bench-results" / "callgrind",
+            int(os.environ.get("CG_REQUESTS", "2000")),
+            int(os.environ.get("CG_WARMUP", "300")),
+            log,
+        )
+    except BenchError as e:
+        print(f"callgrind: error: {e}", file=sys.stderr)
+        return 1
+    for name, value in figures.items():
+        print(name, value)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

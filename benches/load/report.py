@@ -1,0 +1,190 @@
+"""The load benchmark's report: a markdown table of medians with ratios and targets, then how
+each figure was measured. The table's layout is the one README.md quotes; keep them alike."""
+
+import math
+
+from common import median
+
+
+class Raw:
+    """Every figure of every round, as `name value` rows (bench-results/latest-raw.txt)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.rows = []
+        path.write_text("")
+
+    def record(self, name, value):
+        self.rows.append((name, str(value)))
+        with open(self.path, "a") as f:  # kept as it goes, for KEEP_WORK after a failure
+            f.write(f"{name} {value}\n")
+
+    def values(self, name):
+        return [v for k, v in self.rows if k == name]
+
+    def median(self, name):
+        return median(self.values(name))
+
+
+def num(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def ratio(a, b):
+    a, b = num(a), num(b)
+    return "%.2f" % (a / b) if b > 0 else "n/a"
+
+
+def ms(us):
+    return "%.3f" % (num(us) / 1000)
+
+
+def mb(kb):
+    return "%.1f" % (num(kb) / 1024)
+
+
+def whole(x):
+    return "%.0f" % num(x)
+
+
+def ok(condition):
+    return "met" if condition else "**missed**"
+
+
+def render(raw, facts):
+    """The report's text. facts: the run's settings and one-off readings (see run.py)."""
+    f = facts
+    m = raw.median
+    D, N, K, J, P, R = (m(f"rps_{t}") for t in ("direct", "nginx", "key", "jwt", "policy", "redis"))
+    RR = m("rps_replicas")
+    PR, PD, PP, PF, PE = (m(f"pair_{t}") for t in ("replicas", "redis", "policy", "floor", "engine"))
+    IRF, IRK = m("ir_floor"), m("ir_key")
+    hooks = ", ".join(
+        f"{k[len('hook_'):]} {int(num(v))}" for k, v in raw.rows if k.startswith("hook_") and num(v) > 0
+    )
+    F0, F1 = m("f50_key"), m("f50_failover")
+    FADD = "%.0f" % (num(F1) - num(F0))
+    V0, V1 = m("vision50_key"), m("vision50_policy")
+    VADD = "%.0f" % (num(V1) - num(V0))
+    SH = m("ssehead_key")
+    IH, SR, SO = m("idle_hwm"), m("streams_hwm"), m("streams_open")
+    opened = num(SO)
+    # Memory per held stream: what the streams added over the idle gateway, per stream opened.
+    per_stream = "%.1f" % ((num(SR) - num(IH)) / opened) if opened > 0 else "0"
+    # Per-stream cost from the measured count, scaled to 10,000 when the fd limit forced fewer.
+    s10k = "%.0f" % (num(IH) + (num(SR) - num(IH)) * 10000 / opened) if opened > 0 else "0"
+    cpu = {t: m(f"cpu_{t}") for t in ("direct", "nginx", "key", "jwt", "redis")}
+    p50 = {t: m(f"p50_{t}") for t in ("direct", "nginx", "key", "jwt", "policy", "redis")}
+    p99 = {t: m(f"p99_{t}") for t in ("direct", "nginx", "key", "jwt", "policy", "redis")}
+    sse = {t: m(f"ssehead_{t}") for t in ("direct", "nginx")}
+    rate, frate = f["rate"], f["failover_rate"]
+
+    lines = [
+        f"Portcullis load benchmark, {f['date']}, {f['commit']},",
+        f"{f['cores']} cores ({f['cpu_model']}), Linux {f['kernel']}, load average at start {f['load_at_start']}.",
+        f"Proxy under test on core {f['proxy_cpu']}; wrk/loadgen and the upstream on core {f['client_cpu']}. Medians of",
+        f"{f['rounds']} rounds (throughput), {f['rate_rounds']} (fixed rate), {f['sse_rounds']} (SSE head), "
+        f"{f['stream_rounds']} (RSS).",
+        "",
+        "| measure | direct | nginx (static key) | Portcullis | ÷ direct | ÷ nginx | target | |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+        f"| max req/s, chat POST, API key | {whole(D)} | {whole(N)} | {whole(K)} | {ratio(K, D)} | {ratio(K, N)} "
+        f"| ≥ 0.6× direct, ≥ 1.0× nginx | {ok(num(K) >= 0.6 * num(D))} / {ok(num(K) >= num(N))} |",
+        f"| max req/s, chat POST, JWT (RS256) | | | {whole(J)} | {ratio(J, D)} | {ratio(J, N)} "
+        f"| ≥ 0.9× API key ({ratio(J, K)}×) | {ok(num(J) >= 0.9 * num(K))} |",
+        f"| max req/s, chat POST, api = \"openai\" + model policy | | | {whole(P)} | {ratio(P, D)} | {ratio(P, N)} "
+        f"| ≥ 0.9× without ({ratio(P, K)}×) | {ok(num(P) >= 0.9 * num(K))} |",
+        f"| max req/s, chat POST, rate limit shared through Redis | | | {whole(R)} | {ratio(R, D)} | {ratio(R, N)} "
+        f"| ≥ 0.8× without ({ratio(R, K)}×) | {ok(num(R) >= 0.8 * num(K))} |",
+        f"| max req/s, chat POST, three replicas (least_requests) | | | {whole(RR)} | {ratio(RR, D)} | {ratio(RR, N)} | | |",
+        f"| paired req/s per core ÷ the bare-Pingora floor (unpatched), API key | | | {PF}× | | "
+        f"| ≥ 1.0× | {ok(num(PF) >= 1.0)} |",
+        f"| … the floor with vendor/patches ÷ without (the engine patches' gain) | | | {PE}× | | | | |",
+        f"| instructions per request (callgrind): floor {whole(IRF)}, Portcullis | | | {whole(IRK)} | | "
+        f"| {ratio(IRK, IRF)}× the floor | |",
+        f"| paired req/s ÷ one replica, three replicas | | | {PR}× | | | within 5% | {ok(num(PR) >= 0.95)} |",
+        f"| paired req/s ÷ without, Redis rate limit | | | {PD}× | | | ≥ 0.8× | {ok(num(PD) >= 0.8)} |",
+        f"| paired req/s ÷ without, model policy | | | {PP}× | | | ≥ 0.9× | {ok(num(PP) >= 0.9)} |",
+        f"| p50 at {frate} req/s, dead replica first, one failover each (ms) | | | {ms(F1)} | | "
+        f"| added ≤ 1 ms ({ms(FADD)} over {ms(F0)}) | {ok(num(FADD) <= 1000)} |",
+        f"| proxy CPU per request, API key (µs) | {cpu['direct']} | {cpu['nginx']} | {cpu['key']} "
+        f"| {ratio(cpu['key'], cpu['direct'])} | {ratio(cpu['key'], cpu['nginx'])} | | |",
+        f"| proxy CPU per request, JWT (µs) | | | {cpu['jwt']} | {ratio(cpu['jwt'], cpu['direct'])} "
+        f"| {ratio(cpu['jwt'], cpu['nginx'])} | | |",
+        f"| p50 at {rate} req/s, API key (ms) | {ms(p50['direct'])} | {ms(p50['nginx'])} | {ms(p50['key'])} "
+        f"| {ratio(p50['key'], p50['direct'])} | {ratio(p50['key'], p50['nginx'])} | | |",
+        f"| p99 at {rate} req/s, API key (ms) | {ms(p99['direct'])} | {ms(p99['nginx'])} | {ms(p99['key'])} "
+        f"| {ratio(p99['key'], p99['direct'])} | {ratio(p99['key'], p99['nginx'])} | | |",
+        f"| p50 / p99 at {rate} req/s, JWT (ms) | | | {ms(p50['jwt'])} / {ms(p99['jwt'])} | | | | |",
+        f"| p50 / p99 at {rate} req/s, model policy (ms) | | | {ms(p50['policy'])} / {ms(p99['policy'])} | | | | |",
+        f"| p50 / p99 at {rate} req/s, Redis rate limit (ms) | | | {ms(p50['redis'])} / {ms(p99['redis'])} | | | | |",
+        f"| proxy CPU per request, Redis rate limit (µs) | | | {cpu['redis']} | | "
+        f"| ({ratio(cpu['redis'], cpu['key'])}× without) | |",
+        f"| 2 MB vision body p50, policy off / on (ms) | | | {ms(V0)} / {ms(V1)} | | "
+        f"| added ≤ 2 ms ({ms(VADD)}) | {ok(num(VADD) <= 2000)} |",
+        f"| SSE response head p50 (ms) | {ms(sse['direct'])} | {ms(sse['nginx'])} | {ms(SH)} "
+        f"| {ratio(SH, sse['direct'])} | {ratio(SH, sse['nginx'])} | ≤ 0.2 ms | {ok(num(SH) <= 200)} |",
+        f"| memory per held SSE stream (KB) | | | {per_stream} | | | ≤ 30 KB | {ok(num(per_stream) <= 30)} |",
+        f"| gateway peak RSS idle (MB) | | | {mb(IH)} | | | ≤ 30 MB | {ok(num(IH) <= 30 * 1024)} |",
+    ]
+    if SO.isdigit() and int(SO) >= 10000:
+        lines.append(
+            f"| gateway peak RSS, 10,000 open SSE streams (MB) | | | {mb(SR)} | | "
+            f"| ≤ 150 MB | {ok(num(SR) <= 150 * 1024)} |"
+        )
+    else:
+        lines.append(f"| gateway peak RSS, {SO} open SSE streams (MB) | | | {mb(SR)} | | | | |")
+        lines.append(
+            f"| … scaled to 10,000 streams (MB) | | | {mb(s10k)} | | | ≤ 150 MB | {ok(num(s10k) <= 150 * 1024)} |"
+        )
+
+    requests_failed_over = "%.0f" % (frate * (f["rate_seconds"] + 1) * f["failover_rounds"])
+    lines += [
+        "",
+        "Ratios are Portcullis ÷ the column: above 1 is better for req/s, worse for CPU and latency.",
+        "",
+        f"Method: max req/s is wrk 4.1 (`-t1 -c{f['conns']}`, {f['seconds_per_run']} s runs, after a warm-up), POST of a",
+        f"{f['chat_body_bytes']}-byte chat body answered by a ~300-byte JSON; every response checked to be 200. Proxy CPU",
+        "is the proxy process's user+system time over the run divided by its requests (direct: the",
+        "upstream's). p50/p99 come from `loadgen rate` (benches/load/loadgen.rs): 16 kept-alive connections",
+        f"on an open-loop schedule totalling {rate} req/s for {f['rate_seconds']} s after 1 s of warm-up, each latency from",
+        "the request's write to the response's last byte. SSE head: sequential streaming requests on one",
+        f"kept-alive connection, time from the write to the complete response head, {f['sse_count']} per round.",
+        "RSS: VmHWM from /proc of a fresh gateway 1 s after start (idle), and with all streams open",
+        f"(each held by the upstream, one event every 5 s), {f['streams']} requested per round.",
+        "Model policy: service `policy` (api = \"openai\", a default and an alias; the bench body names",
+        "the alias, so every request is validated and rewritten and its usage read) on the same upstream",
+        "as `infer`. Redis rate limit: service `limited` (rate_limit_per_minute = 100000000, nothing",
+        f"refused) with [rate_limits] redis, a redis-server {f['redis_version']} on the client core; it answered",
+        f"{f['evalsha_calls']} EVALSHA calls, and the gateway fell back to per-process limits "
+        f"{f['redis_fallbacks']} time(s).",
+        "Paired: the gateway and a twin (same config) on the same core, two `wrk -t1 -c32` at once for",
+        f"{f['seconds_per_run']} s, one on `infer` of one process, one on the feature's service of the other, then the",
+        "reverse; each process's CPU time per request, their ratio as req/s per core (geometric mean of the",
+        f"two ways round), median of {f['pair_rounds']} rounds (sequential rounds drift ±15% here).",
+        "Floor: benches/floor/src/main.rs, a bare Pingora `ProxyHttp` (static bearer compare, prefix strip,",
+        "Set-Cookie dropped, one worker thread) built outside the workspace on crates.io's Pingora, paired",
+        "with the gateway's `infer` on the same core; the same floor built in the workspace, with",
+        "vendor/patches, paired with it gives the patches' gain. Instructions: benches/load/callgrind.py,",
+        f"{f['cg_requests']} sequential chat POSTs on one connection after {f['cg_warmup']}, each process under",
+        "valgrind --tool=callgrind (valgrind hides SHA-NI, so the API key's SHA-256 counts as the software",
+        "version, ~3,500 of the gateway's instructions). Our hooks (inclusive, per request):",
+        f"{hooks}. Memory per stream: (peak RSS with the streams − idle) ÷ streams.",
+        "Replicas: service `replicas` lists the fast upstream on 127.0.0.1, .2 and .3 (one process).",
+        "Failover: service `failover` lists a port where nothing listens before the live upstream;",
+        f"with one stream held on the live one, least_requests tries the dead one first: {f['failovers']} failed",
+        f"connects counted for {requests_failed_over} requests (4 connections, {frate} req/s).",
+        f"Vision: `loadgen rate` at {f['vision_rate']} req/s on 4 connections, a {f['vision_bytes']}-byte chat body.",
+        f"Gateway: `threads = 1`, access log {f['access_log']}, RUST_LOG=warn; nginx {f['nginx_version']}:",
+        "`worker_processes 1`, upstream keepalive 128, access_log off, proxy_buffering off.",
+    ]
+    if f["fd_limit"] < 20200:
+        lines.append(f"Open-file hard limit here: {f['fd_limit']} (two sockets per proxied stream).")
+    lines.append(
+        f"Gateway RSS after the load rounds: {mb(f['loaded_rss'])} MB (peak {mb(f['loaded_hwm'])} MB). "
+        f"Whole run: {f['elapsed']} s."
+    )
+    return "\n".join(lines) + "\n"
