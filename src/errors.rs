@@ -15,10 +15,15 @@ pub enum GatewayError {
     Forbidden,
     NotFound,
     MethodNotAllowed,
+    /// A body the gateway reads whole did not arrive within `buffered_body_timeout_seconds`.
+    RequestTimeout,
     PayloadTooLarge,
     /// Over a service's rate limit; the seconds until the window ends go in `Retry-After`.
     RateLimited(u64),
     BadGateway,
+    /// The memory for bodies read whole (`buffered_bodies_max_bytes`) is taken; with
+    /// `Retry-After`.
+    Overloaded,
     GatewayTimeout,
     Internal,
 }
@@ -39,6 +44,9 @@ pub enum Malformed {
 /// The allowed methods, as sent in `Allow` with a 405.
 pub const ALLOWED_METHODS: &str = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS";
 
+/// `Retry-After` of a 503 overloaded: held bodies finish or time out within seconds.
+const OVERLOADED_RETRY_AFTER: u64 = 1;
+
 impl GatewayError {
     pub fn status(self) -> u16 {
         match self {
@@ -47,9 +55,11 @@ impl GatewayError {
             GatewayError::Forbidden => 403,
             GatewayError::NotFound => 404,
             GatewayError::MethodNotAllowed => 405,
+            GatewayError::RequestTimeout => 408,
             GatewayError::PayloadTooLarge => 413,
             GatewayError::RateLimited(_) => 429,
             GatewayError::BadGateway => 502,
+            GatewayError::Overloaded => 503,
             GatewayError::GatewayTimeout => 504,
             GatewayError::Internal => 500,
         }
@@ -94,6 +104,9 @@ impl GatewayError {
             GatewayError::MethodNotAllowed => {
                 br#"{"error":"method_not_allowed","message":"allowed: GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"}"#
             }
+            GatewayError::RequestTimeout => {
+                br#"{"error":"request_timeout","message":"the request body did not arrive in time"}"#
+            }
             GatewayError::PayloadTooLarge => {
                 br#"{"error":"payload_too_large","message":"request body exceeds the configured limit"}"#
             }
@@ -102,6 +115,9 @@ impl GatewayError {
             }
             GatewayError::BadGateway => {
                 br#"{"error":"bad_gateway","message":"the upstream refused, reset or sent an invalid response"}"#
+            }
+            GatewayError::Overloaded => {
+                br#"{"error":"overloaded","message":"the gateway is holding as many request bodies as it may; see Retry-After"}"#
             }
             GatewayError::GatewayTimeout => {
                 br#"{"error":"gateway_timeout","message":"the upstream did not answer in time"}"#
@@ -115,7 +131,9 @@ impl GatewayError {
     pub fn from_proxy_error(e: &pingora::Error) -> Option<GatewayError> {
         use pingora::{ErrorSource, ErrorType::*};
         match e.etype() {
+            HTTPStatus(408) => return Some(GatewayError::RequestTimeout),
             HTTPStatus(413) => return Some(GatewayError::PayloadTooLarge),
+            HTTPStatus(503) => return Some(GatewayError::Overloaded),
             HTTPStatus(400) => return Some(GatewayError::BadRequest(Malformed::Framing)),
             _ => {}
         }
@@ -147,9 +165,11 @@ impl GatewayError {
             GatewayError::Forbidden => "forbidden",
             GatewayError::NotFound => "not_found",
             GatewayError::MethodNotAllowed => "method_not_allowed",
+            GatewayError::RequestTimeout => "request_timeout",
             GatewayError::PayloadTooLarge => "payload_too_large",
             GatewayError::RateLimited(_) => "rate_limited",
             GatewayError::BadGateway => "bad_gateway",
+            GatewayError::Overloaded => "overloaded",
             GatewayError::GatewayTimeout => "gateway_timeout",
             GatewayError::Internal => "internal_error",
         }
@@ -192,6 +212,9 @@ impl GatewayError {
             GatewayError::Unauthorized => header.insert_header("www-authenticate", "Bearer")?,
             GatewayError::MethodNotAllowed => header.insert_header("allow", ALLOWED_METHODS)?,
             GatewayError::RateLimited(seconds) => header.insert_header("retry-after", seconds)?,
+            GatewayError::Overloaded => {
+                header.insert_header("retry-after", OVERLOADED_RETRY_AFTER)?
+            }
             _ => {}
         }
         write_local(session, header, body, head_only).await

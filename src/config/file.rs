@@ -74,6 +74,12 @@ pub struct Server {
     pub upgrade_sock: Option<String>,
     pub pid_file: Option<String>,
     pub max_request_body_bytes: Option<u64>,
+    /// One body the gateway reads whole (the model policy's).
+    pub max_buffered_body_bytes: Option<u64>,
+    /// Every such body in memory at once.
+    pub buffered_bodies_max_bytes: Option<u64>,
+    /// From the request head to the end of such a body.
+    pub buffered_body_timeout_seconds: Option<u64>,
     pub tls: Option<Tls>,
 }
 

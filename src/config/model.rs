@@ -36,8 +36,20 @@ pub struct ServerSettings {
     pub upgrade_sock: String,
     pub pid_file: String,
     pub max_request_body_bytes: u64,
+    pub buffering: BufferLimits,
     /// TLS listeners terminating HTTPS at the gateway.
     pub tls: Option<TlsListenSettings>,
+}
+
+/// The bodies the gateway reads whole (chat and embeddings on `api = "openai"` services).
+#[derive(Debug, Clone)]
+pub struct BufferLimits {
+    /// `max_buffered_body_bytes`: one body.
+    pub max_body: u64,
+    /// `buffered_bodies_max_bytes`: all of them in memory at once.
+    pub total: u64,
+    /// `buffered_body_timeout_seconds`: from the request head to the body's last byte.
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone)]

@@ -377,8 +377,14 @@ fn a_service_lists_at_most_sixty_four_replicas() {
 #[test]
 fn a_health_check_timeout_defaults_to_two_seconds_or_the_interval() {
     let check = |line: &str| {
-        let c = parse(&format!("{MINIMAL}health_check = {{ path = \"/h\"{line} }}\n"));
-        let h = c.unwrap().services[0].balancing.health_check.clone().unwrap();
+        let c = parse(&format!(
+            "{MINIMAL}health_check = {{ path = \"/h\"{line} }}\n"
+        ));
+        let h = c.unwrap().services[0]
+            .balancing
+            .health_check
+            .clone()
+            .unwrap();
         (h.interval.as_secs(), h.timeout.as_secs())
     };
     assert_eq!(check(""), (5, 2));
@@ -391,6 +397,40 @@ fn a_health_check_timeout_defaults_to_two_seconds_or_the_interval() {
     ));
     assert!(
         p.contains("test.toml: services.infer.health_check.timeout_seconds"),
+        "{p}"
+    );
+}
+
+#[test]
+fn bodies_read_whole_are_bounded_by_default_and_their_bounds_checked() {
+    let b = parse(MINIMAL).unwrap().server.buffering;
+    assert_eq!(
+        (b.max_body, b.total, b.timeout),
+        (8 << 20, 256 << 20, Duration::from_secs(60))
+    );
+    // A budget as large as one body is the smallest accepted.
+    let c = parse(&format!(
+        "[server]\nmax_buffered_body_bytes = 4096\nbuffered_bodies_max_bytes = 4096\n{MINIMAL}"
+    ));
+    assert_eq!(c.unwrap().server.buffering.total, 4096);
+    let p = problems(&format!(
+        "[server]\nmax_buffered_body_bytes = 4096\nbuffered_bodies_max_bytes = 4095\n\
+         buffered_body_timeout_seconds = 0\n{MINIMAL}"
+    ));
+    assert!(
+        p.contains(
+            "test.toml: server.buffered_bodies_max_bytes: 4095 is less than \
+             server.max_buffered_body_bytes (4096)"
+        ),
+        "{p}"
+    );
+    assert!(
+        p.contains("test.toml: server.buffered_body_timeout_seconds: must be from 1 to 3600"),
+        "{p}"
+    );
+    let p = problems(&format!("[server]\nmax_buffered_body_bytes = 0\n{MINIMAL}"));
+    assert!(
+        p.contains("test.toml: server.max_buffered_body_bytes: must be at least 1"),
         "{p}"
     );
 }

@@ -10,11 +10,14 @@ use std::time::Duration;
 use super::parse::{http_url, load_pem_certs, parse_redis, Resolver};
 use super::{
     expand_env, file, one_line, AccessLogDestination, AccessLogSettings, ApiKeySettings,
-    JwtSettings, MetricsSettings, RateLimitSettings, ServerSettings, TlsListenSettings,
-    DEFAULT_ACCESS_LOG_BUFFER,
+    BufferLimits, JwtSettings, MetricsSettings, RateLimitSettings, ServerSettings,
+    TlsListenSettings, DEFAULT_ACCESS_LOG_BUFFER,
 };
 
 pub const DEFAULT_MAX_BODY: u64 = 32 * 1024 * 1024;
+pub const DEFAULT_MAX_BUFFERED_BODY: u64 = 8 * 1024 * 1024;
+pub const DEFAULT_BUFFERED_BODIES_MAX: u64 = 256 * 1024 * 1024;
+pub const DEFAULT_BUFFERED_BODY_TIMEOUT: u64 = 60;
 const DEFAULT_ACCESS_LOG_FILES: usize = 5;
 const ALGORITHMS: [(&str, jsonwebtoken::Algorithm); 9] = {
     use jsonwebtoken::Algorithm::*;
@@ -68,6 +71,7 @@ impl Validator<'_> {
     }
 
     pub fn server(&mut self, s: file::Server) -> ServerSettings {
+        let buffering = self.buffer_limits(&s);
         let listen = s
             .listen
             .unwrap_or_else(|| vec!["127.0.0.1:8080".to_string()]);
@@ -105,7 +109,45 @@ impl Validator<'_> {
                 .pid_file
                 .unwrap_or_else(|| "/tmp/portcullis.pid".to_string()),
             max_request_body_bytes,
+            buffering,
             tls,
+        }
+    }
+
+    /// A body read whole is bounded alone, all of them together, and in time; a total below
+    /// one body would refuse every body of the largest allowed size.
+    fn buffer_limits(&mut self, s: &file::Server) -> BufferLimits {
+        let max_body = s
+            .max_buffered_body_bytes
+            .unwrap_or(DEFAULT_MAX_BUFFERED_BODY);
+        if max_body == 0 {
+            self.problem("server.max_buffered_body_bytes", "must be at least 1");
+        }
+        let total = s
+            .buffered_bodies_max_bytes
+            .unwrap_or(DEFAULT_BUFFERED_BODIES_MAX);
+        if total < max_body {
+            self.problem(
+                "server.buffered_bodies_max_bytes",
+                format!(
+                    "{total} is less than server.max_buffered_body_bytes ({max_body}): \
+                     not even one such body would fit"
+                ),
+            );
+        }
+        let timeout = s
+            .buffered_body_timeout_seconds
+            .unwrap_or(DEFAULT_BUFFERED_BODY_TIMEOUT);
+        if !(1..=3600).contains(&timeout) {
+            self.problem(
+                "server.buffered_body_timeout_seconds",
+                "must be from 1 to 3600",
+            );
+        }
+        BufferLimits {
+            max_body,
+            total,
+            timeout: Duration::from_secs(timeout),
         }
     }
 

@@ -1,4 +1,4 @@
-//! Optional members given as `null`.
+//! Optional members given as `null`, and the policy's edit made in place.
 
 use super::*;
 
@@ -70,4 +70,32 @@ fn required_members_are_not_made_optional_by_null() {
         let e = apply(endpoint, body.as_bytes(), &policy()).unwrap_err();
         assert_eq!(e.message(), message, "{body}");
     }
+}
+
+#[test]
+fn an_edit_in_place_matches_the_copy_and_fits_in_max_growth() {
+    let models = policy();
+    let bodies = [
+        format!(r#" {{"messages":{USER_HI}}}"#),
+        format!(r#"{{"messages":{USER_HI},"model":null}}"#),
+        format!(r#"{{"model":"large","messages":{USER_HI}}}"#),
+    ];
+    for body in &bodies {
+        let edit = plan(Endpoint::Chat, body.as_bytes(), &models)
+            .unwrap()
+            .edit
+            .expect("an edit");
+        assert!(edit.growth() <= models.max_growth(), "{body}");
+        let mut held = Vec::with_capacity(body.len() + models.max_growth());
+        held.extend_from_slice(body.as_bytes());
+        let before = held.as_ptr();
+        edit.apply_in_place(&mut held);
+        assert_eq!(held, edit.applied_to(body.as_bytes()), "{body}");
+        assert_eq!(held.as_ptr(), before, "the edit reallocated the body");
+    }
+    // The growth bound covers the longest alias target and the default's insertion.
+    assert_eq!(models.max_growth(), r#""model":"llama-3.1-8b","#.len());
+    let long = Models::new(None, [("s".to_string(), "x".repeat(100))]);
+    assert_eq!(long.max_growth(), 102);
+    assert_eq!(Models::new(None, []).max_growth(), 0);
 }

@@ -150,6 +150,11 @@ impl Edit<'_> {
         out.extend_from_slice(&body[self.range.end..]);
         out
     }
+
+    /// Makes the edit in `body` itself; no allocation when it has `growth()` bytes to spare.
+    pub fn apply_in_place(&self, body: &mut Vec<u8>) {
+        body.splice(self.range.clone(), self.with.iter().copied());
+    }
 }
 
 /// Why a body is refused: the message names the field and never quotes the body.

@@ -46,13 +46,12 @@ pub async fn reject(session: &mut Session, ctx: &mut RequestCtx, e: GatewayError
     Ok(true)
 }
 
-/// The answer to a proxy attempt that failed: a refused body's 400, or the upstream's 502/504.
+/// The answer to a proxy attempt that failed: a refused body's 400, a held body's 408, 413
+/// or 503, or the upstream's 502/504.
 pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
     let refused_body = ctx.openai.as_ref().and_then(|x| x.error.as_ref());
-    let error = match refused_body {
-        Some(_) => Some(GatewayError::InvalidBody),
-        None => GatewayError::from_proxy_error(e),
-    };
+    let error = (ctx.openai.as_ref().and_then(|x| x.failure(e)))
+        .or_else(|| GatewayError::from_proxy_error(e));
     let Some(error) = error else {
         return FailToProxy {
             error_code: 0,

@@ -1,8 +1,10 @@
 //! The gateway's one `ProxyHttp`. A request flows top to bottom:
 //! validate → authenticate → route → authorise → rewrite → stream → clean the response → record.
 
+mod budget;
 mod context;
 mod headers;
+mod held;
 mod local;
 pub mod openai;
 mod record;
@@ -39,6 +41,8 @@ pub struct Gateway {
     local_metrics: ServiceMetrics,
     unknown_metrics: ServiceMetrics,
     max_body: u64,
+    /// The bounds on bodies read whole, on `api = "openai"` services.
+    buffering: openai::Buffering,
     auth: Authenticator,
     metrics: Arc<Metrics>,
     access_log: AccessLog,
@@ -70,6 +74,7 @@ impl Gateway {
             local_metrics: metrics.for_service("_local"),
             unknown_metrics: metrics.for_service("_unknown"),
             max_body: config.server.max_request_body_bytes,
+            buffering: openai::Buffering::new(&config.server.buffering),
             auth,
             metrics,
             access_log,
@@ -172,7 +177,7 @@ impl ProxyHttp for Gateway {
                 };
                 // Validate the body and apply the model policy before any upstream is chosen.
                 let (exchange, next) =
-                    openai::Exchange::begin(session, endpoint, models, self.max_body).await?;
+                    openai::Exchange::begin(session, endpoint, models, &self.buffering).await?;
                 ctx.openai = Some(Box::new(exchange));
                 match next {
                     openai::Next::Proxy => Ok(false),
@@ -198,7 +203,7 @@ impl ProxyHttp for Gateway {
             return Error::e_explain(ErrorType::HTTPStatus(413), "request body over the limit");
         }
         if let (Some(exchange), Some(models)) = (&mut ctx.openai, self.models(ctx.route)) {
-            exchange.filter_body(body, end_of_stream, models)?;
+            exchange.filter_body(session, body, end_of_stream, models)?;
         }
         Ok(())
     }

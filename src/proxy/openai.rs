@@ -16,20 +16,52 @@
 //!   with chunked framing (the length is not known when the head leaves). A bad body is
 //!   answered 400 and the upstream connection is dropped before any body byte was sent:
 //!   the upstream has seen a request head, never a request.
+//!
+//! Either way the body sits in memory whole, so it is bounded three ways ([`Buffering`]): by
+//! size (413 past `max_buffered_body_bytes`), by the memory of all such bodies at once (503
+//! when `buffered_bodies_max_bytes` cannot cover it, reserved before it is allocated), and by
+//! time (408 when it is not complete `buffered_body_timeout_seconds` after the request head,
+//! however it trickles in).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::Session;
-use pingora::{Error, ErrorType, Result};
+use pingora::{Error, ErrorSource, ErrorType, Result};
 
+use super::budget::{Budget, Reservation};
+use super::held::Held;
 use crate::access_log;
+use crate::config::BufferLimits;
 use crate::errors::GatewayError;
-use crate::model_policy::{self, BodyError, Endpoint, Models};
+use crate::model_policy::{self, BodyError, Edit, Endpoint, Models};
 use crate::usage::{Encoding, Framing, Usage, UsageScanner};
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT` in pingora-core): a body read ahead is only
 /// replayed to the upstream if it fits.
 pub const READ_AHEAD_MAX: u64 = 64 * 1024;
+
+/// The bounds on bodies read whole, from `[server]`.
+pub struct Buffering {
+    /// `buffered_bodies_max_bytes`, shared by every request.
+    budget: Arc<Budget>,
+    /// `max_buffered_body_bytes`.
+    max_body: u64,
+    /// `buffered_body_timeout_seconds`.
+    timeout: Duration,
+}
+
+impl Buffering {
+    pub fn new(limits: &BufferLimits) -> Buffering {
+        Buffering {
+            budget: Budget::new(limits.total),
+            max_body: limits.max_body,
+            timeout: limits.timeout,
+        }
+    }
+}
 
 /// What one chat or embeddings exchange on an `api = "openai"` service carries.
 pub struct Exchange {
@@ -40,6 +72,9 @@ pub struct Exchange {
     /// Set when the body was refused; told to the client in the 400.
     pub error: Option<BodyError>,
     usage: Option<UsageScanner>,
+    /// The memory of a body read ahead: Pingora keeps the client's bytes in its retry buffer
+    /// until the request ends, so this is held as long.
+    reserved: Option<Reservation>,
 }
 
 enum Body {
@@ -47,8 +82,16 @@ enum Body {
     Original,
     /// Read ahead and changed by the policy.
     Replaced(Bytes),
-    /// Being held back until complete.
-    Held(BytesMut),
+    /// Being held back until complete, by this time.
+    Held(Held, Deadline),
+}
+
+/// When a body read whole must be complete; no read may wait past it.
+#[derive(Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    /// Pingora's own per-read timeout, which the deadline only ever shortens.
+    per_read: Option<Duration>,
 }
 
 /// What `request_filter` does next.
@@ -63,7 +106,7 @@ impl Exchange {
         session: &mut Session,
         endpoint: Endpoint,
         models: &Models,
-        max_body: u64,
+        bounds: &Buffering,
     ) -> Result<(Exchange, Next)> {
         let mut exchange = Exchange {
             endpoint,
@@ -71,49 +114,86 @@ impl Exchange {
             model: None,
             error: None,
             usage: None,
+            reserved: None,
         };
+        let refuse = |exchange, e| Ok((exchange, Next::Refuse(e)));
         let declared = declared_length(session.req_header());
-        let Some(len) = declared.filter(|&len| len <= READ_AHEAD_MAX) else {
-            let capacity = declared.unwrap_or(0).min(max_body) as usize;
-            exchange.body = Body::Held(BytesMut::with_capacity(capacity));
-            return Ok((exchange, Next::Proxy));
+        if declared.is_some_and(|len| len > bounds.max_body) {
+            return refuse(exchange, GatewayError::PayloadTooLarge);
+        }
+        let deadline = Deadline {
+            at: Instant::now() + bounds.timeout,
+            per_read: session.get_read_timeout(),
         };
+        let Some(len) = declared.filter(|&len| len <= READ_AHEAD_MAX) else {
+            let declared = declared.map(|len| len as usize);
+            let max = bounds.max_body as usize;
+            return match Held::new(&bounds.budget, declared, max, models.max_growth()) {
+                Ok(held) => {
+                    deadline.limit_next_read(session)?;
+                    exchange.body = Body::Held(held, deadline);
+                    Ok((exchange, Next::Proxy))
+                }
+                Err(e) => refuse(exchange, e),
+            };
+        };
+        // Pingora's retry-buffer copy, the copy read here, and the changed copy if the policy
+        // can change a body; what is not kept is given back once the policy has run.
+        let changed = if models.max_growth() > 0 {
+            len + models.max_growth() as u64
+        } else {
+            0
+        };
+        let Some(reserved) = bounds.budget.reserve(2 * len + changed) else {
+            return refuse(exchange, GatewayError::Overloaded);
+        };
+        exchange.reserved = Some(reserved);
         if expects_continue(session.req_header()) {
             // The client waits for this before sending the body we are about to read.
             session.write_continue_response().await?;
         }
         session.enable_retry_buffering();
-        // Usually the whole body comes in one read: then it is used as it is, not copied.
-        let first = session.read_request_body().await?.unwrap_or_default();
-        let body = match session.read_request_body().await? {
-            None => first,
-            Some(second) => {
-                let mut all = BytesMut::with_capacity(len as usize);
-                all.extend_from_slice(&first);
-                all.extend_from_slice(&second);
-                while let Some(chunk) = session.read_request_body().await? {
-                    all.extend_from_slice(&chunk);
-                }
-                all.freeze()
+        let body = match read_ahead(session, len, deadline).await {
+            Ok(body) => body,
+            Err(e) if *e.etype() == ErrorType::ReadTimedout => {
+                return refuse(exchange, GatewayError::RequestTimeout)
             }
+            Err(e) => return Err(e),
         };
         let next = exchange.apply(&body, models);
+        let kept = match &exchange.body {
+            Body::Replaced(changed) => len + changed.len() as u64,
+            _ => len,
+        };
+        if let Some(reserved) = &mut exchange.reserved {
+            reserved.shrink_to(kept);
+        }
         Ok((exchange, next))
     }
 
+    /// Applies the policy to a body read ahead: a changed body is a new copy.
     fn apply(&mut self, body: &[u8], models: &Models) -> Next {
+        let Some(edit) = self.plan(body, models) else {
+            return Next::Refuse(GatewayError::InvalidBody);
+        };
+        if let Some(edit) = edit {
+            self.body = Body::Replaced(Bytes::from(edit.applied_to(body)));
+        }
+        Next::Proxy
+    }
+
+    /// Checks a complete body and keeps its model: the edit the policy makes, if any, or
+    /// None when the body is refused (the reason kept for the 400).
+    fn plan<'m>(&mut self, body: &[u8], models: &'m Models) -> Option<Option<Edit<'m>>> {
         match model_policy::plan(self.endpoint, body, models) {
             Ok(plan) => {
                 // The access log is the name's only reader: only what it shows is copied.
                 self.model = plan.model.map(|m| access_log::model_name(&m).to_owned());
-                if let Some(edit) = plan.edit {
-                    self.body = Body::Replaced(Bytes::from(edit.applied_to(body)));
-                }
-                Next::Proxy
+                Some(plan.edit)
             }
             Err(e) => {
                 self.error = Some(e);
-                Next::Refuse(GatewayError::InvalidBody)
+                None
             }
         }
     }
@@ -126,7 +206,7 @@ impl Exchange {
                 upstream.insert_header(http::header::CONTENT_LENGTH, body.len())?;
             }
             // Without a length Pingora frames the body chunked.
-            Body::Held(_) => {
+            Body::Held(..) => {
                 upstream.remove_header(&http::header::CONTENT_LENGTH);
             }
         }
@@ -136,43 +216,54 @@ impl Exchange {
     /// Swaps in the changed body, or holds the body back until it is complete.
     pub fn filter_body(
         &mut self,
+        session: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
         models: &Models,
     ) -> Result<()> {
-        match &mut self.body {
-            Body::Original => Ok(()),
+        let (held, deadline) = match &mut self.body {
+            Body::Original => return Ok(()),
             Body::Replaced(replacement) => {
                 // Pingora replays the retry buffer (the client's bytes) in one piece.
                 if body.is_some() || end_of_stream {
                     *body = Some(replacement.clone());
                 }
-                Ok(())
+                return Ok(());
             }
-            Body::Held(held) => {
-                if let Some(chunk) = body.as_ref() {
-                    held.extend_from_slice(chunk);
-                }
-                if !end_of_stream {
-                    // An empty chunk tells Pingora "nothing yet"; `None` would end the body.
-                    *body = Some(Bytes::new());
-                    return Ok(());
-                }
-                let complete = std::mem::take(held).freeze();
-                match self.apply(&complete, models) {
-                    Next::Proxy => {
-                        *body = Some(match std::mem::replace(&mut self.body, Body::Original) {
-                            Body::Replaced(changed) => changed,
-                            _ => complete,
-                        });
-                        Ok(())
-                    }
-                    Next::Refuse(_) => {
-                        Error::e_explain(ErrorType::HTTPStatus(400), "request body refused")
-                    }
-                }
-            }
+            Body::Held(held, deadline) => (held, *deadline),
+        };
+        if let Some(chunk) = body.as_ref() {
+            held.push(chunk).or_else(refused)?;
         }
+        if !end_of_stream {
+            deadline.limit_next_read(session)?;
+            // An empty chunk tells Pingora "nothing yet"; `None` would end the body.
+            *body = Some(Bytes::new());
+            return Ok(());
+        }
+        let Body::Held(mut held, _) = std::mem::replace(&mut self.body, Body::Original) else {
+            unreachable!("matched as held above");
+        };
+        let Some(edit) = self.plan(held.bytes(), models) else {
+            return Error::e_explain(ErrorType::HTTPStatus(400), "request body refused");
+        };
+        if let Some(edit) = edit {
+            held.edit(&edit).or_else(refused)?;
+        }
+        *body = Some(held.into_bytes());
+        Ok(())
+    }
+
+    /// The gateway's own answer to a failure while this exchange was under way, if it has
+    /// one: the 400 of a refused body, or the 408 of a held body that did not arrive in time.
+    pub fn failure(&self, e: &Error) -> Option<GatewayError> {
+        if self.error.is_some() {
+            return Some(GatewayError::InvalidBody);
+        }
+        let client_too_slow =
+            *e.etype() == ErrorType::ReadTimedout && *e.esource() == ErrorSource::Downstream;
+        (client_too_slow && matches!(self.body, Body::Held(..)))
+            .then_some(GatewayError::RequestTimeout)
     }
 
     /// Starts counting usage for a response, if its encoding can be read.
@@ -199,6 +290,49 @@ impl Exchange {
     pub fn usage(&self) -> Option<Usage> {
         self.usage.as_ref().and_then(|s| s.usage())
     }
+}
+
+impl Deadline {
+    /// Gives the next read of the body no longer than the deadline leaves.
+    fn limit_next_read(self, session: &mut Session) -> Result<()> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let e = Error::explain(ErrorType::ReadTimedout, "request body deadline passed");
+            return Err(e.into_down());
+        }
+        session.set_read_timeout(Some(self.per_read.map_or(left, |p| p.min(left))));
+        Ok(())
+    }
+}
+
+/// Reads a declared body of `len` bytes whole, before any upstream is contacted.
+async fn read_ahead(session: &mut Session, len: u64, deadline: Deadline) -> Result<Bytes> {
+    deadline.limit_next_read(session)?;
+    // Usually the whole body comes in one read: then it is used as it is, not copied.
+    let first = session.read_request_body().await?.unwrap_or_default();
+    deadline.limit_next_read(session)?;
+    let Some(second) = session.read_request_body().await? else {
+        return Ok(first);
+    };
+    let mut all = BytesMut::with_capacity(len as usize);
+    all.extend_from_slice(&first);
+    all.extend_from_slice(&second);
+    loop {
+        deadline.limit_next_read(session)?;
+        match session.read_request_body().await? {
+            Some(chunk) => all.extend_from_slice(&chunk),
+            None => return Ok(all.freeze()),
+        }
+    }
+}
+
+/// A held body that cannot grow, as the error that ends the proxy attempt (`local::failed`
+/// answers it).
+fn refused(e: GatewayError) -> Result<()> {
+    Error::e_explain(
+        ErrorType::HTTPStatus(e.status()),
+        "held request body refused",
+    )
 }
 
 /// A well-formed Content-Length and no Transfer-Encoding (`decide` already refused a malformed

@@ -134,6 +134,8 @@ pub struct GatewayConfig<'a> {
     pub threads: u32,
     /// `[auth.api_keys] database`; a SQLite file in the gateway's directory by default.
     pub key_store: Option<String>,
+    /// More `key = value` lines of `[server]` (TOML as written).
+    pub server: Vec<(String, String)>,
 }
 
 impl Default for GatewayConfig<'_> {
@@ -146,6 +148,7 @@ impl Default for GatewayConfig<'_> {
             max_body: 4096,
             threads: 2,
             key_store: None,
+            server: Vec::new(),
         }
     }
 }
@@ -162,11 +165,18 @@ impl GatewayConfig<'_> {
             "[server]\nlisten = [\"127.0.0.1:{port}\"]\nthreads = {}\n\
              grace_period_seconds = {}\ngraceful_shutdown_timeout_seconds = 1\n\
              upgrade_sock = \"{d}/upgrade.sock\"\npid_file = \"{d}/portcullis.pid\"\n\
-             max_request_body_bytes = {}\n\
+             max_request_body_bytes = {}\n{}\
              [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\
              [auth.api_keys]\ndatabase = \"{database}\"\n\
              cache_ttl_seconds = {}\nnegative_cache_ttl_seconds = 1\n",
-            self.threads, self.grace_period, self.max_body, self.cache_ttl
+            self.threads,
+            self.grace_period,
+            self.max_body,
+            self.server
+                .iter()
+                .map(|(k, v)| format!("{k} = {v}\n"))
+                .collect::<String>(),
+            self.cache_ttl
         );
         for s in &self.services {
             s.write(&mut toml);

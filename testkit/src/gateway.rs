@@ -71,6 +71,14 @@ impl<'a> GatewayBuilder<'a> {
         self
     }
 
+    /// Any `key = value` of `[server]`; `value` is TOML as written.
+    pub fn server(mut self, key: &str, value: impl ToString) -> Self {
+        self.config
+            .server
+            .push((key.to_string(), value.to_string()));
+        self
+    }
+
     /// `server.grace_period_seconds` (default 5).
     pub fn grace_period(mut self, seconds: u64) -> Self {
         self.config.grace_period = seconds;

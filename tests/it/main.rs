@@ -9,6 +9,7 @@ mod fleet_keys;
 mod fleet_rate_limits;
 mod fuzz_corpus;
 mod gateway;
+mod held_bodies;
 mod metrics;
 mod model_policy;
 mod null_fields;
