@@ -9,7 +9,8 @@ Run on its own (`python3 benches/load/callgrind.py`), it prints `name value` lin
   hook_<name>          the gateway's own hooks, inclusive, per request
 and keeps the raw profiles under $OUT (default bench-results/callgrind/) for
 callgrind_annotate. Knobs: CG_REQUESTS (2000), CG_WARMUP (300); BIN, EX and FLOOR to reuse
-binaries already built (otherwise it builds them). run.py imports measure().
+binaries already built (otherwise it builds them). The load benchmark (run.py) uses measure()
+and create_key().
 """
 
 import os
@@ -31,6 +32,7 @@ from common import (
     wait_http,
     wait_line,
 )
+import binaries  # the binaries' paths and how to build them live in one place
 
 BODY = '{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
 # An async hook's cost is in its future's poll (`…::hook::{{closure}}`) plus the boxing in
@@ -193,10 +195,8 @@ def create_key(gateway, config, name):
 
 
 def main():
-    import run  # the binaries' paths and how to build them live in one place, run.py
-
     exit_on_signals()
-    os.chdir(run.ROOT)
+    os.chdir(binaries.ROOT)
 
     def log(message):
         print(f"callgrind: {message}", file=sys.stderr, flush=True)
@@ -204,11 +204,11 @@ def main():
     try:
         ensure_valgrind(log)
         if not os.environ.get("BIN"):
-            run.build(log, unpatched_floor=False)
-        tools = run.Tools.built(os.environ.get("BIN"), os.environ.get("EX"), os.environ.get("FLOOR"))
+            binaries.build(log, unpatched_floor=False)
+        tools = binaries.Tools.built(os.environ.get("BIN"), os.environ.get("EX"), os.environ.get("FLOOR"))
         figures = measure(
             tools,
-            os.environ.get("OUT") or run.ROOT / "bench-results" / "callgrind",
+            os.environ.get("OUT") or binaries.ROOT / "bench-results" / "callgrind",
             int(os.environ.get("CG_REQUESTS", "2000")),
             int(os.environ.get("CG_WARMUP", "300")),
             log,
