@@ -264,3 +264,64 @@ fn a_gateway_starts_while_postgres_is_down_and_takes_keys_once_it_answers() {
     }
     assert!(gw.log().contains("starting anyway"));
 }
+
+/// Lookups racing revokes through the real binary: a request whose cache miss reads the key's
+/// row just before the revoke commits must not leave that row cached once the NOTIFY has
+/// evicted the key (it would then work for the 60 s cache TTL). The in-process test
+/// (`src/auth/api_keys/race_tests.rs`) runs more races, on both announcement paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_racing_a_revoke_never_leaves_the_key_working() {
+    use rand::Rng;
+    const RACES: usize = 400;
+    let pg = tokio::task::block_in_place(Postgres::start);
+    let up = Upstream::start();
+    let gw = tokio::task::block_in_place(|| fleet(&pg, &up, 1).remove(0));
+    let store = portcullis::open_store(&pg.url, false).await.unwrap();
+    let port = gw.port;
+    let mut keys = Vec::with_capacity(RACES);
+    for _ in 0..RACES {
+        let made = portcullis::create_key(&*store, "race", vec!["infer".into()], None)
+            .await
+            .unwrap();
+        let (key, id) = (made.token, made.record.key_id);
+        // A revoke takes four round trips to commit, a request's lookup one after the
+        // request is read: the revoke mostly starts first, so its commit sweeps the lookup.
+        let offset = rand::thread_rng().gen_range(-5000i64..1000);
+        let request = {
+            let key = key.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_micros(offset.max(0) as u64)).await;
+                tokio::task::spawn_blocking(move || status_on(port, &key)).await
+            })
+        };
+        let revoke = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_micros((-offset).max(0) as u64)).await;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs() as i64;
+                assert!(store.revoke(&id, now).await.unwrap());
+            })
+        };
+        request.await.unwrap().unwrap();
+        revoke.await.unwrap();
+        keys.push(key);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let still_working = tokio::task::block_in_place(|| {
+        keys.iter()
+            .filter(|key| status_on(port, key) == 200)
+            .count()
+    });
+    println!("{RACES} races: {still_working} revoked key(s) still worked 1 s later");
+    assert_eq!(still_working, 0);
+}
+
+fn status_on(port: u16, key: &str) -> u16 {
+    let req = format!(
+        "GET /v1/infer/x HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+    );
+    testkit::raw(port, req.as_bytes()).0
+}

@@ -1,6 +1,7 @@
 //! API keys `ak_<keyid>.<secret>`: creation, and verification through a cache in front of
 //! the store. The cache holds verifiers by key id, never secrets; its TTL is the revocation bound.
 
+mod lookup;
 mod outage;
 mod push;
 mod store;
@@ -16,9 +17,9 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::token::{KeyId, API_KEY_PREFIX};
-use super::{Principal, PrincipalKind};
+use super::Principal;
 use crate::time::unix_now;
-use outage::StoreHealth;
+use lookup::Lookup;
 pub use push::RevocationPush;
 pub use store::{
     check_postgres_url, is_postgres_url, open_store, KeyRecord, KeyStore, PageEnd, StoreError,
@@ -60,11 +61,9 @@ impl Expiry<KeyId, Entry> for EntryExpiry {
 }
 
 pub struct ApiKeyVerifier {
-    store: Arc<dyn KeyStore>,
     cache: Cache<KeyId, Entry>,
-    health: Arc<StoreHealth>,
-    /// `portcullis_key_store_lookups_total{result}`, when metrics are on.
-    lookups: Option<prometheus::IntCounterVec>,
+    /// Shared with the evictor and the revocation push, which look a revoked key up again.
+    lookup: Arc<Lookup>,
 }
 
 /// What the gateway compares an unknown id's secret against, so that a miss costs the same.
@@ -77,15 +76,13 @@ impl ApiKeyVerifier {
             .expire_after(EntryExpiry { positive, negative })
             .build();
         ApiKeyVerifier {
-            store,
             cache,
-            health: Arc::default(),
-            lookups: None,
+            lookup: Arc::new(Lookup::new(store)),
         }
     }
 
-    pub fn with_lookup_counter(mut self, lookups: prometheus::IntCounterVec) -> Self {
-        self.lookups = Some(lookups);
+    pub fn with_lookup_counter(self, lookups: prometheus::IntCounterVec) -> Self {
+        let _ = self.lookup.lookups.set(lookups);
         self
     }
 
@@ -95,7 +92,7 @@ impl ApiKeyVerifier {
         let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
         let entry = self
             .cache
-            .try_get_with(key_id, self.load(key_id))
+            .try_get_with(key_id, self.lookup.load(key_id))
             .await
             // The outage itself is logged once, by `StoreHealth`; not once per request.
             .map_err(|e| log::debug!("api key lookup failed: {e}"))
@@ -118,72 +115,35 @@ impl ApiKeyVerifier {
         RevocationPush::new(
             database.to_string(),
             self.cache.clone(),
-            self.health.clone(),
+            self.lookup.clone(),
         )
     }
 
     /// The store, shared with the key API.
     pub fn store(&self) -> Arc<dyn KeyStore> {
-        self.store.clone()
+        self.lookup.store.clone()
     }
 
     /// A handle that drops keys from this verifier's cache, for the key API's revokes.
     pub fn evictor(&self) -> KeyEvictor {
-        KeyEvictor(self.cache.clone())
+        KeyEvictor(self.cache.clone(), self.lookup.clone())
     }
 
     /// Whether the store is known to be down right now.
     #[cfg(test)]
     pub fn store_down(&self) -> bool {
-        self.health.is_down()
-    }
-
-    fn count(&self, result: &str) {
-        if let Some(lookups) = &self.lookups {
-            lookups.with_label_values(&[result]).inc();
-        }
-    }
-
-    /// One store lookup per id, shared by every concurrent miss for it (moka coalesces).
-    /// A store known to be down is not asked (but once a second): the miss fails at once.
-    async fn load(&self, key_id: KeyId) -> Result<Entry, StoreError> {
-        if !self.health.may_try() {
-            self.count("unavailable");
-            return Err("the key store is down".into());
-        }
-        let found = self.store.find(key_id.as_str()).await;
-        match &found {
-            Ok(_) => self.health.succeeded(),
-            Err(e) => self.health.failed(e),
-        }
-        self.count(match &found {
-            Ok(Some(_)) => "found",
-            Ok(None) => "unknown",
-            Err(_) => "error",
-        });
-        Ok(match found? {
-            None => Entry::Unknown,
-            Some(stored) => Entry::Known(Arc::new(KnownKey {
-                verifier: stored.verifier,
-                expires_at: stored.record.expires_at,
-                revoked: stored.record.revoked_at.is_some(),
-                principal: Arc::new(Principal {
-                    kind: PrincipalKind::ApiKey,
-                    id: stored.record.key_id.into(),
-                    scopes: stored.record.scopes.into_iter().map(Into::into).collect(),
-                }),
-            })),
-        })
+        self.lookup.health.is_down()
     }
 }
 
-/// Drops a revoked key from one gateway's cache, so that gateway refuses it at once.
+/// Drops a revoked key from one gateway's cache, so that gateway refuses it at once, and
+/// keeps a lookup in flight from caching it again (`lookup::evict`).
 #[derive(Clone)]
-pub struct KeyEvictor(Cache<KeyId, Entry>);
+pub struct KeyEvictor(Cache<KeyId, Entry>, Arc<Lookup>);
 
 impl KeyEvictor {
     pub async fn evict(&self, key_id: KeyId) {
-        self.0.invalidate(&key_id).await;
+        lookup::evict(&self.0, &self.1, key_id).await;
     }
 }
 
@@ -264,5 +224,7 @@ pub async fn create_owned_key(
     }))
 }
 
+#[cfg(test)]
+mod race_tests;
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,7 @@ use sqlx::postgres::PgListener;
 
 use std::sync::Arc;
 
-use super::outage::StoreHealth;
+use super::lookup::{self, Lookup};
 use super::store::CHANNEL;
 use super::Entry;
 use crate::auth::token::KeyId;
@@ -26,9 +26,9 @@ const CONNECT_WAIT: Duration = Duration::from_secs(2);
 pub struct RevocationPush {
     url: String,
     cache: Cache<KeyId, Entry>,
-    /// A lost connection that cannot be re-established means the store is down: requests
-    /// then stop waiting on it at once, and reconnecting tells when it is back.
-    health: Arc<StoreHealth>,
+    /// The store lookup, whose health a lost connection marks down: requests then stop
+    /// waiting on the store at once, and reconnecting tells when it is back.
+    lookup: Arc<Lookup>,
     /// `portcullis_revocation_push_total{event}`, when metrics are on.
     events: Option<prometheus::IntCounterVec>,
 }
@@ -37,12 +37,12 @@ impl RevocationPush {
     pub(super) fn new(
         url: String,
         cache: Cache<KeyId, Entry>,
-        health: Arc<StoreHealth>,
+        lookup: Arc<Lookup>,
     ) -> RevocationPush {
         RevocationPush {
             url,
             cache,
-            health,
+            lookup,
             events: None,
         }
     }
@@ -66,7 +66,7 @@ impl RevocationPush {
             match self.listen().await {
                 Ok(mut listener) => {
                     backoff = BACKOFF_START;
-                    self.health.release();
+                    self.lookup.health.release();
                     if connected_before {
                         // Revokes may have been announced while nobody listened.
                         self.cache.invalidate_all();
@@ -80,7 +80,8 @@ impl RevocationPush {
                     self.count("disconnected");
                     // Most likely the server went away: stop sending lookups its way until
                     // the listener is back (at once, if only this connection was cut).
-                    self.health
+                    self.lookup
+                        .health
                         .hold_down(&"the revocation listener lost its connection");
                     log::warn!(
                         "revocation push: connection lost; revoked keys are refused within \
@@ -90,7 +91,7 @@ impl RevocationPush {
                 Err(e) => {
                     self.count("error");
                     log::debug!("revocation push: cannot listen: {e}");
-                    self.health.hold_down(&e);
+                    self.lookup.health.hold_down(&e);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
@@ -119,7 +120,12 @@ impl RevocationPush {
         while let Ok(Some(notification)) = listener.try_recv().await {
             self.count("notified");
             match KeyId::parse(notification.payload()) {
-                Some(id) => self.cache.invalidate(&id).await,
+                Some(id) => {
+                    self.cache.invalidate(&id).await;
+                    // Off the receive loop: the next notification need not wait on a query.
+                    let (cache, lookup) = (self.cache.clone(), self.lookup.clone());
+                    tokio::spawn(async move { lookup::recheck(&cache, &lookup, id).await });
+                }
                 None => log::debug!("revocation push: ignored a payload that is no key id"),
             }
         }

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use super::store::SqliteStore;
 use super::*;
 use crate::auth::token::{classify, Bearer};
+use crate::auth::PrincipalKind;
 
 #[derive(Default)]
 struct FakeStore {
