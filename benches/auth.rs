@@ -23,15 +23,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Loopback ports for the throwaway Postgres server (its module asks its parent for one).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The same verifier over each store: SQLite (the embedded default) and a real Postgres
 /// server started for the run (the fleet store). The cached path never reaches the store, so
 /// its figures should agree; the uncached path shows what a cache miss costs on each.
