@@ -16,6 +16,9 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
   echo "installing cargo-fuzz (crates.io)"
   cargo install cargo-fuzz --locked --quiet
 fi
+# The fuzz crate is a workspace member, so it gets the workspace's release profile: without
+# thin LTO (eight binaries to link) and with line tables for readable crash backtraces.
+export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_DEBUG=1
 # -s none: no sanitizer, so the stable toolchain builds it (Rust code; ASan needs nightly).
 (cd fuzz && cargo fuzz build -s none -O)
 
