@@ -325,15 +325,16 @@ fn figures(
         }
     }
     line.pop();
-    let max = |v: &[Duration]| v.iter().max().map_or(0.0, |d| d.as_secs_f64());
-    let _ = write!(
-        line,
-        "; revoked keys refused within {:.2} s, withdrawn JWKS key within {:.1} s, old process \
-         drained within {:.1} s",
-        max(&f.revocations),
-        max(&f.withdrawals),
-        max(&f.drains)
-    );
+    // Only what happened: a run without upgrades has no drain to report.
+    for (what, took) in [
+        ("revoked keys refused", &f.revocations),
+        ("withdrawn JWKS keys refused", &f.withdrawals),
+        ("old processes drained", &f.drains),
+    ] {
+        if let Some(max) = took.iter().max() {
+            let _ = write!(line, "; {what} within {:.2} s", max.as_secs_f64());
+        }
+    }
     line
 }
 
