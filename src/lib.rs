@@ -5,6 +5,7 @@
 
 mod access_log;
 mod admin;
+mod admission;
 mod auth;
 mod cli;
 mod config;

@@ -37,6 +37,8 @@ pub struct Metrics {
     key_events: IntCounterVec,
     upstream_healthy: IntGaugeVec,
     upstream_connect_failures: IntCounterVec,
+    connections_refused: IntCounterVec,
+    connections_open: IntGauge,
 }
 
 impl Metrics {
@@ -162,8 +164,23 @@ impl Metrics {
             &["service", "replica"],
         )
         .expect("valid metric");
+        let connections_refused = IntCounterVec::new(
+            Opts::new(
+                "portcullis_connections_refused_total",
+                "Client connections closed by the gateway, by listener (data, admin, metrics) and reason: total (server.max_connections), per_client (server.max_connections_per_client), header_timeout.",
+            ),
+            &["listener", "reason"],
+        )
+        .expect("valid metric");
+        let connections_open = IntGauge::new(
+            "portcullis_connections_open",
+            "Client connections open now, over every listener: what server.max_connections caps.",
+        )
+        .expect("valid metric");
         for m in [
             Box::new(revocation_push.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(connections_refused.clone()),
+            Box::new(connections_open.clone()),
             Box::new(upstream_connect_failures.clone()),
             Box::new(upstream_healthy.clone()),
             Box::new(key_events.clone()),
@@ -198,6 +215,8 @@ impl Metrics {
             key_events,
             upstream_healthy,
             upstream_connect_failures,
+            connections_refused,
+            connections_open,
         }
     }
 
@@ -335,6 +354,16 @@ impl Metrics {
     /// `created` or `revoked`, counted by the key API.
     pub fn key_event(&self, event: &'static str) {
         self.key_events.with_label_values(&[event]).inc();
+    }
+
+    /// Handed to the listeners' admission, which counts the connections it closes.
+    pub fn connections_refused(&self) -> IntCounterVec {
+        self.connections_refused.clone()
+    }
+
+    /// Handed to the listeners' admission, which keeps it equal to the connections it counts.
+    pub fn connections_open(&self) -> IntGauge {
+        self.connections_open.clone()
     }
 
     /// Handed to the JWT verifier, which counts its JWKS fetches.

@@ -15,7 +15,8 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
 use crate::access_log;
-use crate::admin::{AdminApp, AdminDeps};
+use crate::admin::{AdminApp, AdminDeps, Retention};
+use crate::admission::Admission;
 use crate::auth::api_keys::{open_store, ApiKeyVerifier, KeyEvictor, KeyStore, RevocationPush};
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::Authenticator;
@@ -100,8 +101,18 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
     let mut http_options = HttpServerOptions::default();
     http_options.allow_connect_method_proxying = true;
     http.server_options = Some(http_options);
-    let app = Tracked::new(http, connections.clone());
-    let mut proxy = Service::new("portcullis".to_string(), app);
+    // Every listener admits connections against the same process-wide counts.
+    let admission = Admission::new(
+        &config.server.connections,
+        metrics.connections_refused(),
+        metrics.connections_open(),
+    );
+    let (app, gate) = admission.admit("data", http);
+    let mut proxy = Service::new(
+        "portcullis".to_string(),
+        Tracked::new(app, connections.clone()),
+    );
+    proxy.set_connection_filter(gate);
     for addr in &config.server.listen {
         // No L4 read buffer on plain TCP: Pingora's default is a zeroed 64 KiB per client
         // connection, which held streams and idle keep-alive clients pay in memory, while
@@ -122,18 +133,33 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
     server.add_service(proxy);
 
     if let Some(m) = &config.metrics {
-        let mut service = Service::new("metrics".to_string(), MetricsApp(metrics));
+        let (app, gate) = admission.admit("metrics", MetricsApp(metrics));
+        let mut service = Service::new("metrics".to_string(), app);
+        service.set_connection_filter(gate);
         service.add_tcp(&m.listen);
         service.threads = Some(1);
         server.add_service(service);
     }
     if let (Some(settings), Some(deps)) = (&config.admin, admin_deps) {
-        let listen = settings.listen.clone();
+        let retention = Retention::new(deps.store.clone(), settings.revoked_retention);
         let app = AdminApp::new(settings.clone(), &config, deps);
+        let (app, gate) = admission.admit("admin", app);
         let mut service = Service::new("admin".to_string(), app);
-        service.add_tcp(&listen);
+        service.set_connection_filter(gate);
+        if let Some(listen) = &settings.listen {
+            service.add_tcp(listen);
+        }
+        // The same TLS set-up as the data plane's `[server.tls]` listeners.
+        if let Some(tls) = &settings.tls {
+            for addr in &tls.listen {
+                service
+                    .add_tls(addr, &tls.cert_file, &tls.key_file)
+                    .map_err(|e| format!("admin.tls: cannot listen on {addr}: {e}"))?;
+            }
+        }
         service.threads = Some(1);
         server.add_service(service);
+        server.add_service(background_service("key retention", retention));
     }
     server.add_service(background_service("health checks", upstreams.health));
     if !upstreams.dns.is_empty() {

@@ -15,6 +15,9 @@ grace_period_seconds = 1
 graceful_shutdown_timeout_seconds = 1
 upgrade_sock = "{w}/upgrade.sock"
 pid_file = "{w}/portcullis.pid"
+# The footprint stage holds STREAMS streams, all from 127.0.0.1.
+max_connections = 1000000
+max_connections_per_client = 1000000
 {off}[auth.api_keys]
 database = "sqlite://{w}/keys.db"
 [auth.jwt]

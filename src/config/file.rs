@@ -49,12 +49,21 @@ pub struct HealthCheck {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Admin {
-    pub listen: String,
+    /// Plain HTTP; may be left out when `tls` has addresses.
+    pub listen: Option<String>,
     pub admin_scope: Option<String>,
+    /// When set, admin rights need a `sub` listed here as well as `admin_scope`.
+    pub admin_subjects: Option<Vec<String>>,
     pub allowed_origins: Option<Vec<String>>,
     pub max_keys_per_owner: Option<u32>,
+    pub requests_per_minute: Option<u32>,
+    pub revoked_retention_days: Option<u32>,
     pub console: Option<bool>,
     pub console_client_id: Option<String>,
+    /// Whether the console offers to ask the issuer for `admin_scope`.
+    pub console_admin_sign_in: Option<bool>,
+    /// HTTPS listeners of the key API, as `[server.tls]`.
+    pub tls: Option<Tls>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,6 +89,12 @@ pub struct Server {
     pub buffered_bodies_max_bytes: Option<u64>,
     /// From the request head to the end of such a body.
     pub buffered_body_timeout_seconds: Option<u64>,
+    /// The whole request head must arrive within this, on every listener.
+    pub header_timeout_seconds: Option<u64>,
+    /// Open client connections, over every listener of the process.
+    pub max_connections: Option<u32>,
+    /// Open client connections from one client address, over every listener.
+    pub max_connections_per_client: Option<u32>,
     pub tls: Option<Tls>,
 }
 

@@ -37,8 +37,18 @@ pub struct ServerSettings {
     pub pid_file: String,
     pub max_request_body_bytes: u64,
     pub buffering: BufferLimits,
+    pub connections: ConnectionLimits,
     /// TLS listeners terminating HTTPS at the gateway.
     pub tls: Option<TlsListenSettings>,
+}
+
+/// What every listener (data plane, key API, metrics) admits, counted per process.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// From a connection's start (or a kept-alive request's first byte) to its head's end.
+    pub header_timeout: Duration,
+    pub max_connections: usize,
+    pub max_connections_per_client: usize,
 }
 
 /// The bodies the gateway reads whole (chat and embeddings on `api = "openai"` services).

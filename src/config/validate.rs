@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::parse::{http_url, load_pem_certs, parse_redis, Resolver};
 use super::{
     expand_env, file, one_line, AccessLogDestination, AccessLogSettings, ApiKeySettings,
-    BufferLimits, JwtSettings, MetricsSettings, RateLimitSettings, ServerSettings,
-    TlsListenSettings, DEFAULT_ACCESS_LOG_BUFFER,
+    BufferLimits, ConnectionLimits, JwtSettings, MetricsSettings, RateLimitSettings,
+    ServerSettings, TlsListenSettings, DEFAULT_ACCESS_LOG_BUFFER,
 };
 
 pub const DEFAULT_MAX_BODY: u64 = 32 * 1024 * 1024;
@@ -72,10 +72,11 @@ impl Validator<'_> {
 
     pub fn server(&mut self, s: file::Server) -> ServerSettings {
         let buffering = self.buffer_limits(&s);
+        let connections = self.connection_limits(&s);
         let listen = s
             .listen
             .unwrap_or_else(|| vec!["127.0.0.1:8080".to_string()]);
-        let tls = s.tls.map(|t| self.tls(t));
+        let tls = s.tls.map(|t| self.tls("server.tls", t));
         if listen.is_empty() && tls.as_ref().is_none_or(|t| t.listen.is_empty()) {
             self.problem(
                 "server.listen",
@@ -110,7 +111,33 @@ impl Validator<'_> {
                 .unwrap_or_else(|| "/tmp/portcullis.pid".to_string()),
             max_request_body_bytes,
             buffering,
+            connections,
             tls,
+        }
+    }
+
+    fn connection_limits(&mut self, s: &file::Server) -> ConnectionLimits {
+        let header_timeout = s.header_timeout_seconds.unwrap_or(10);
+        if !(1..=3600).contains(&header_timeout) {
+            self.problem("server.header_timeout_seconds", "must be from 1 to 3600");
+        }
+        let max = s.max_connections.unwrap_or(10_000);
+        if max == 0 {
+            self.problem("server.max_connections", "must be at least 1");
+        }
+        let per_client = s.max_connections_per_client.unwrap_or(256.min(max.max(1)));
+        if per_client == 0 {
+            self.problem("server.max_connections_per_client", "must be at least 1");
+        } else if max > 0 && per_client > max {
+            self.problem(
+                "server.max_connections_per_client",
+                format!("{per_client} is more than server.max_connections ({max})"),
+            );
+        }
+        ConnectionLimits {
+            header_timeout: Duration::from_secs(header_timeout),
+            max_connections: max as usize,
+            max_connections_per_client: per_client as usize,
         }
     }
 
@@ -206,12 +233,13 @@ impl Validator<'_> {
         }
     }
 
-    pub fn tls(&mut self, t: file::Tls) -> TlsListenSettings {
+    /// A TLS listener section (`server.tls` or `admin.tls`: `section` names it in problems).
+    pub fn tls(&mut self, section: &str, t: file::Tls) -> TlsListenSettings {
         for addr in &t.listen {
-            self.listen_address("server.tls.listen", addr);
+            self.listen_address(&format!("{section}.listen"), addr);
         }
         if let Err(e) = load_pem_certs(&t.cert_file) {
-            self.problem("server.tls.cert_file", e);
+            self.problem(&format!("{section}.cert_file"), e);
         }
         let key = std::fs::read(&t.key_file)
             .map_err(|e| format!("cannot read `{}`: {e}", t.key_file))
@@ -222,7 +250,7 @@ impl Validator<'_> {
                 },
             );
         if let Err(e) = key {
-            self.problem("server.tls.key_file", e);
+            self.problem(&format!("{section}.key_file"), e);
         }
         TlsListenSettings {
             listen: t.listen,
