@@ -24,5 +24,5 @@ pub use gateway::{
     check_config, cli, gateway_bin, pid_alive, signal_pid, Gateway, GatewayBuilder, Proc,
 };
 pub use http::{client, header, header_pairs, raw, read_response, try_raw, RawResponse};
-pub use net::{free_port, free_port_on, Blackhole};
+pub use net::{connect_from, free_port, free_port_on, Blackhole};
 pub use upstream::{Hit, HitLog, StreamLog, Upstream};

@@ -34,6 +34,42 @@ pub fn free_port_on(ips: &[Ipv4Addr]) -> u16 {
     panic!("no port free on all of {ips:?}");
 }
 
+/// A TCP connection to `to` from the local address `from` (e.g. 127.0.0.2, to be another
+/// client than 127.0.0.1 on loopback). Blocking, like `TcpStream::connect`.
+pub fn connect_from(from: Ipv4Addr, to: SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    use std::os::fd::FromRawFd;
+    let SocketAddr::V4(to) = to else {
+        return Err(std::io::Error::other("connect_from: IPv4 only"));
+    };
+    let sockaddr = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a new socket, owned by the TcpStream (closed on every error path below), and
+    // valid sockaddr_in structs of the length given.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = std::net::TcpStream::from_raw_fd(fd);
+        let local = sockaddr(from, 0);
+        if libc::bind(fd, &local as *const _ as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let remote = sockaddr(*to.ip(), to.port());
+        if libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
+}
+
 /// Bytes waiting unread in a socket's receive buffer.
 pub(crate) fn unread_bytes(conn: &impl AsRawFd) -> usize {
     let mut n: libc::c_int = 0;
