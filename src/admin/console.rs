@@ -61,6 +61,9 @@ impl Console {
             "scopes": scopes,
             "gateway_url": gateway,
             "admin_scope": settings.admin_scope,
+            // Whether the page offers to ask for `admin_scope` at all: off unless configured,
+            // since an issuer that grants any scope asked for would otherwise hand it to anyone.
+            "admin_sign_in": settings.console_admin_sign_in,
         });
         let issuer_origin = origin_of(issuer);
         Console {

@@ -4,9 +4,10 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::paging::{cursor, ListQuery};
 use super::reply::Reply;
 use super::KeyEvent;
-use crate::auth::api_keys::{create_owned_key, KeyEvictor, KeyRecord, KeySpec, KeyStore};
+use crate::auth::api_keys::{create_owned_key, KeyEvictor, KeyRecord, KeySpec, KeyStore, PageEnd};
 use crate::auth::token::KeyId;
 use crate::auth::Principal;
 use crate::scope::Scope;
@@ -124,34 +125,36 @@ impl Ops<'_> {
         (Reply::json(201, body), Some(event))
     }
 
+    /// One page of keys, newest first: the caller's own, or (for an administrator) every
+    /// key or one owner's. One row more than the page is read, to tell whether a next exists.
     pub async fn list(&self, query: Option<&str>) -> Reply {
-        let mut owner = None;
-        for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-            if name == "owner" {
-                owner = Some(value.into_owned());
-            }
-        }
-        let found = match (&owner, self.is_admin) {
-            (Some(o), true) => self.store.list_by_owner(o).await,
-            (None, true) => self.store.list().await,
-            (Some(o), false) if **o != *self.caller.id => {
+        let q = match ListQuery::parse(query) {
+            Ok(q) => q,
+            Err(message) => return bad_request(message),
+        };
+        let owner = match (q.owner.as_deref(), self.is_admin) {
+            (owner, true) => owner,
+            (Some(o), false) if *o != *self.caller.id => {
                 return Reply::error(
                     403,
                     "forbidden",
                     Some("only an administrator may list another owner's keys"),
                 );
             }
-            (_, false) => self.store.list_by_owner(&self.caller.id).await,
+            (_, false) => Some(&*self.caller.id),
         };
-        let keys = match found {
+        let found = self.store.page(owner, q.after.as_ref(), q.limit + 1).await;
+        let mut keys = match found {
             Ok(keys) => keys,
             Err(e) => return store_failed("list keys", &e),
         };
+        let next = (keys.len() > q.limit as usize).then(|| {
+            keys.truncate(q.limit as usize);
+            keys.last().map(|k| cursor(&PageEnd::of(k)))
+        });
         let keys: Vec<KeyInfo> = keys.iter().map(KeyInfo::of).collect();
-        Reply::json(
-            200,
-            serde_json::to_vec(&serde_json::json!({ "keys": keys })).unwrap_or_default(),
-        )
+        let body = serde_json::json!({ "keys": keys, "next": next.flatten() });
+        Reply::json(200, serde_json::to_vec(&body).unwrap_or_default())
     }
 
     pub async fn revoke(&self, id: &str) -> (Reply, Option<KeyEvent>) {

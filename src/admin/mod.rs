@@ -1,11 +1,14 @@
 //! The key-management API for the console, on its own listener (`[admin]`), and the reference
 //! console page. One request, top to bottom: route → CORS preflight → authenticate (JWTs only)
-//! → the key operation → CORS and common headers → record (access log, metrics).
+//! → rate limit per `sub` → the key operation → CORS and common headers → record (access
+//! log, metrics). `retention` deletes keys revoked long ago, in the background.
 
 mod console;
 mod cors;
 mod keys;
+mod paging;
 mod reply;
+mod retention;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,8 +28,10 @@ use crate::auth::{AuthFailure, Principal};
 use crate::config::{AdminSettings, Config};
 use crate::metrics::Metrics;
 use crate::proxy::RequestId;
+use crate::rate_limit::Limiter;
 use pingora::http::ResponseHeader;
 use reply::Reply;
+pub use retention::Retention;
 
 /// The metrics and access-log label of every admin request.
 const SERVICE_LABEL: &str = "_admin";
@@ -45,6 +50,9 @@ pub struct AdminApp {
     metrics: Arc<Metrics>,
     access_log: AccessLog,
     console: Option<console::Console>,
+    /// `requests_per_minute` per `sub`: creates and revokes write to the store, and even
+    /// listings read it, so one signed-in user cannot keep it busy for everyone.
+    limiter: Limiter,
 }
 
 /// What the key API needs from the rest of the gateway.
@@ -79,7 +87,9 @@ impl AdminApp {
         let console = settings
             .console
             .then(|| console::Console::new(&settings, config));
+        let limiter = Limiter::per_minute(settings.requests_per_minute);
         AdminApp {
+            limiter,
             settings,
             jwt: deps.jwt,
             store: deps.store,
@@ -174,12 +184,14 @@ impl AdminApp {
             }
         };
         *principal = Some(caller.clone());
-        let is_admin = caller.has_scope(&self.settings.admin_scope);
+        if let Err(retry_after) = self.limiter.check(&caller) {
+            return Reply::rate_limited(retry_after);
+        }
         let ops = keys::Ops {
             store: &*self.store,
             evictor: &self.evictor,
             caller: &caller,
-            is_admin,
+            is_admin: self.is_admin(&caller),
             max_keys_per_owner: self.settings.max_keys_per_owner,
         };
         let (reply, happened) = match route {
@@ -196,6 +208,14 @@ impl AdminApp {
         }
         *event = happened;
         reply
+    }
+
+    /// `admin_scope`, and a `sub` of `admin_subjects` when that is set: an issuer that grants
+    /// whatever scope is asked for then cannot make every user an administrator.
+    fn is_admin(&self, caller: &Principal) -> bool {
+        caller.has_scope(&self.settings.admin_scope)
+            && (self.settings.admin_subjects.as_ref())
+                .is_none_or(|subjects| subjects.iter().any(|s| **s == *caller.id))
     }
 
     /// JWTs only, verified exactly as on the data plane; an API key is refused outright, so

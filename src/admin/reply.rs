@@ -71,6 +71,12 @@ impl Reply {
         reply
     }
 
+    /// Over `[admin] requests_per_minute`: the data plane's 429, with the seconds to wait.
+    pub fn rate_limited(retry_after: u64) -> Reply {
+        let e = GatewayError::RateLimited(retry_after);
+        Reply::json(e.status(), e.body().to_vec()).header("retry-after", retry_after.to_string())
+    }
+
     pub fn method_not_allowed(allow: &'static str) -> Reply {
         let message = format!("allowed: {allow}");
         let mut reply = Reply::error(405, "method_not_allowed", Some(&message));

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use testkit::{Gateway, Service};
 
 /// A CA, and a leaf for `san` signed by it, written into `dir`.
-fn make_certs(dir: &Path, san: &str) {
+pub fn make_certs(dir: &Path, san: &str) {
     let run = |args: &[&str]| {
         let out = Command::new("openssl")
             .args(args)
