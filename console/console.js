@@ -8,7 +8,9 @@
 //   - the PKCE verifier and `state`: sessionStorage, for the redirect round trip only, removed
 //     as soon as the provider sends the browser back;
 //   - the full new API key: in the page until "I have stored the key" (the API shows it once).
-// Every piece of data goes into the page with textContent or value, never as HTML.
+// Every piece of data goes into the page with textContent or value, never as HTML. Nothing a
+// redirect back from the provider carries (code, error, error_description) is used or shown
+// before its `state` is checked: anyone can send a link to the console with any of them.
 'use strict';
 
 (() => {
@@ -18,6 +20,8 @@
   let config = null; // /console/config.json
   let token = null; // { value, expiresAt (ms), sub, scopes }
   let shownKeyId = null; // the key whose secret the page shows right now
+  let keys = []; // the pages of the key list loaded so far, newest first
+  let nextCursor = null; // the `next` of the last page loaded; null: no older keys
 
   // ---- small helpers ----------------------------------------------------------------------
 
@@ -107,7 +111,7 @@
       const verifier = randomString(32);
       const state = randomString(16);
       const scopes = [...config.scopes];
-      if ($('admin-signin').checked && config.admin_scope && !scopes.includes(config.admin_scope)) {
+      if (config.admin_sign_in && $('admin-signin').checked && config.admin_scope && !scopes.includes(config.admin_scope)) {
         scopes.push(config.admin_scope);
       }
       const redirectUri = consoleUrl();
@@ -144,12 +148,14 @@
     sessionStorage.removeItem(FLOW_KEY);
     history.replaceState(null, '', consoleUrl());
 
+    // First the state: a forged link must not put its own words (a fake error, a phone number
+    // to call) on this page, so nothing else of the response is read before it matches.
+    if (!saved || !saved.state || saved.state !== params.get('state')) {
+      throw new Error('the sign-in response does not belong to a sign-in started here (state mismatch); try again');
+    }
     if (params.has('error')) {
       const desc = params.get('error_description');
       throw new Error(`the identity provider answered ${params.get('error')}${desc ? `: ${desc}` : ''}`);
-    }
-    if (!saved || !saved.state || saved.state !== params.get('state')) {
-      throw new Error('the sign-in response does not belong to a sign-in started here (state mismatch); try again');
     }
     const doc = await discover();
     // RFC 9207: when the provider names itself in the response, it must be ours.
@@ -198,6 +204,9 @@
   function signOut(message) {
     token = null;
     clearNewKey();
+    keys = [];
+    nextCursor = null;
+    $('more-keys').hidden = true;
     $('keys-body').replaceChildren();
     $('create-form').reset();
     render();
@@ -273,7 +282,7 @@
     $('who').hidden = !signedIn;
     $('sign-in').disabled = !config;
     if (signedIn) {
-      const admin = config && token.scopes.includes(config.admin_scope);
+      const admin = config && config.admin_sign_in && token.scopes.includes(config.admin_scope);
       $('who').textContent = `Signed in as ${token.sub || 'unknown user'}${admin ? ' (administrator)' : ''}`;
     }
   }
@@ -312,11 +321,10 @@
     return ['active', 'active'];
   }
 
-  function renderKeys(keys) {
+  function renderKeys() {
     const body = $('keys-body');
     body.replaceChildren();
-    const sorted = [...keys].sort((a, b) => String(b.created).localeCompare(String(a.created)));
-    for (const key of sorted) {
+    for (const key of keys) {
       const row = document.createElement('tr');
       row.dataset.keyId = key.id;
       row.dataset.testid = `key-${key.id}`;
@@ -344,11 +352,17 @@
       body.append(row);
     }
     $('keys-empty').hidden = keys.length > 0;
+    $('more-keys').hidden = !nextCursor;
   }
 
-  async function loadKeys() {
-    const data = await api('GET', '/v1/keys');
-    renderKeys(Array.isArray(data && data.keys) ? data.keys : []);
+  // The API pages the list, newest first: the first page on load, older ones on request.
+  async function loadKeys(more = false) {
+    const path = more && nextCursor ? `/v1/keys?cursor=${encodeURIComponent(nextCursor)}` : '/v1/keys';
+    const data = await api('GET', path);
+    const page = Array.isArray(data && data.keys) ? data.keys : [];
+    keys = more ? keys.concat(page.filter((k) => !keys.some((have) => have.id === k.id))) : page;
+    nextCursor = data && typeof data.next === 'string' ? data.next : null;
+    renderKeys();
   }
 
   function clearNewKey() {
@@ -444,6 +458,9 @@
       () => say('Key list refreshed.'),
       (err) => token && say(`Could not list keys: ${describe(err)}`, 'error'),
     ));
+    $('more-keys').addEventListener('click', () => loadKeys(true).catch(
+      (err) => token && say(`Could not list keys: ${describe(err)}`, 'error'),
+    ));
     $('copy-key').addEventListener('click', () => copy($('new-key-value').value, 'Key'));
     $('copy-curl').addEventListener('click', () => copy($('curl-command').textContent, 'Command'));
     $('dismiss-key').addEventListener('click', () => {
@@ -461,6 +478,9 @@
       return;
     }
     $('admin-scope-name').textContent = config.admin_scope || '';
+    // Offered only when the operator configured it: an issuer that grants whatever scope is
+    // asked for would otherwise make anyone ticking the box an administrator.
+    $('admin-signin-option').hidden = !config.admin_sign_in;
     $('gateway-info').textContent = `Gateway: ${config.gateway_url} · Identity provider: ${config.issuer}`;
     renderScopes();
 

@@ -59,8 +59,10 @@ $(tail -5 "$IDP_LOG")"
             printf '[auth.jwt]\nissuer = "%s"\naudience = "%s"\n' "$ISSUER" "$AUDIENCE"
         fi
         if ! grep -q '^\[admin\]' "$BASE_CONF"; then
-            printf '\n# The key API and the key console, same origin (no CORS needed).\n'
+            printf '\n# The key API and the key console, same origin (no CORS needed). The console offers\n'
+            printf '# administrator sign-in, and only the login "admin" may use the admin scope.\n'
             printf '[admin]\nlisten = "%s"\nconsole = true\nallowed_origins = []\n' "$ADMIN"
+            printf 'console_admin_sign_in = true\nadmin_subjects = ["admin"]\n'
         fi
     } >"$CONF"
     CONSOLE=1

@@ -3,24 +3,24 @@
 // listener serving console/, the real OpenID provider (tests/sdk/idp.mjs, oidc-provider) and a
 // recording upstream. Sign in through the provider's login and consent pages, create a key in
 // the page, call the gateway with it, revoke it in the page, and see the gateway refuse it
-// within cache_ttl_seconds + 1 s.
+// within cache_ttl_seconds + 1 s. A second gateway on the same key store offers administrator
+// sign-in (`console_admin_sign_in`, `admin_subjects`); the first one must not even show it.
 //
 //   node --test tests/browser/console.test.mjs      (scripts/browser-tests.sh installs and runs it)
 //
 // Screenshots of every step go to PORTCULLIS_BROWSER_OUT (default: a fresh temp directory,
 // printed at the end). CHROMIUM= overrides /usr/bin/chromium.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import fs from 'node:fs';
-import http from 'node:http';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 import { chromium } from 'playwright-core';
+
+import { freePort, processes, startUpstream, toml } from './processes.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const BIN = path.resolve(ROOT, process.env.BIN || 'target/debug/portcullis');
@@ -38,8 +38,8 @@ const outDir = process.env.PORTCULLIS_BROWSER_OUT
 fs.mkdirSync(outDir, { recursive: true });
 for (const f of fs.readdirSync(outDir)) if (/^\d\d-.*\.png$/.test(f)) fs.rmSync(path.join(outDir, f)); // an earlier run's
 
-const children = [];
-const env = {}; // filled by before(): urls, ports, issuer
+const { children, start, waitHttp } = processes(tmp, ROOT);
+const env = {}; // filled by before(): urls, ports, issuer (admin: the console; adminOffered: the one offering admin sign-in)
 let upstream; // { server, requests }
 let browser;
 let context;
@@ -48,99 +48,6 @@ let broken = null; // the first failed step: later steps are skipped, not failed
 const pageProblems = []; // uncaught errors and console errors in the console page
 const adminSetCookies = []; // Set-Cookie headers from the admin listener (there must be none)
 let shot = 0;
-
-// ---- processes ---------------------------------------------------------------------------------
-
-async function freePort() {
-  const srv = net.createServer();
-  srv.listen(0, '127.0.0.1');
-  await once(srv, 'listening');
-  const { port } = srv.address();
-  await new Promise((resolve) => srv.close(resolve));
-  return port;
-}
-
-function start(name, cmd, args, { waitFor } = {}) {
-  const log = fs.openSync(path.join(tmp, `${name}.log`), 'w');
-  const child = spawn(cmd, args, {
-    cwd: ROOT,
-    env: { ...process.env, RUST_LOG: process.env.RUST_LOG || 'info' },
-    stdio: ['ignore', waitFor ? 'pipe' : log, log],
-  });
-  children.push({ name, child });
-  if (!waitFor) return Promise.resolve({ child });
-  return new Promise((resolve, reject) => {
-    let seen = '';
-    const timer = setTimeout(() => reject(new Error(`${name} printed no ${waitFor} within 20 s: ${logTail(name)}`)), 20_000);
-    child.stdout.on('data', (chunk) => {
-      fs.writeSync(log, chunk);
-      seen += chunk;
-      const m = waitFor.exec(seen);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ child, match: m });
-      }
-    });
-    child.once('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`${name} exited (${code}) before it was ready: ${logTail(name)}`));
-    });
-  });
-}
-
-function logTail(name, lines = 30) {
-  try {
-    return `\n--- ${name}.log ---\n${fs.readFileSync(path.join(tmp, `${name}.log`), 'utf8').split('\n').slice(-lines).join('\n')}`;
-  } catch {
-    return '';
-  }
-}
-
-async function waitHttp(url, name, ok = (r) => r.status === 200) {
-  const deadline = Date.now() + 30_000;
-  let last = 'no answer';
-  while (Date.now() < deadline) {
-    try {
-      const r = await fetch(url);
-      if (ok(r)) return;
-      last = `HTTP ${r.status}`;
-    } catch (err) {
-      last = err.cause?.code || err.message;
-    }
-    const c = children.find((x) => x.name === name);
-    if (c && c.child.exitCode !== null) throw new Error(`${name} exited with ${c.child.exitCode}: ${logTail(name)}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`${url} not ready within 30 s (${last}): ${logTail(name)}`);
-}
-
-// A recording OpenAI-style upstream: answers POST /v1/chat/completions with a fixed completion.
-function startUpstream() {
-  const requests = [];
-  const server = http.createServer((req, res) => {
-    let body = '';
-    req.on('data', (c) => { body += c; });
-    req.on('end', () => {
-      requests.push({ method: req.method, url: req.url, headers: req.headers, body });
-      if (req.method === 'POST' && req.url === '/v1/chat/completions') {
-        res.writeHead(200, { 'content-type': 'application/json' });
-        res.end(JSON.stringify({
-          id: 'chatcmpl-browser', object: 'chat.completion', created: 0, model: 'test-model',
-          choices: [{ index: 0, message: { role: 'assistant', content: 'Hi from upstream' }, finish_reason: 'stop' }],
-          usage: { prompt_tokens: 3, completion_tokens: 3, total_tokens: 6 },
-        }));
-      } else {
-        res.writeHead(404, { 'content-type': 'application/json' });
-        res.end('{"error":"not_found"}');
-      }
-    });
-  });
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, requests })));
-}
-
-function toml(value) {
-  return JSON.stringify(value); // a JSON string is a valid TOML basic string for these values
-}
 
 // ---- browser helpers ---------------------------------------------------------------------------
 
@@ -157,17 +64,27 @@ async function newPage() {
   page.setDefaultTimeout(15_000);
   page.on('pageerror', (err) => pageProblems.push(`page error at ${page.url()}: ${err.message}`));
   page.on('response', async (r) => {
-    if (r.url().startsWith(env.admin)) {
+    if (onConsole(r.url())) {
       const cookie = await r.headerValue('set-cookie').catch(() => null);
       if (cookie) adminSetCookies.push(`${r.url()}: ${cookie}`);
     }
   });
   page.on('console', (msg) => {
-    if (msg.type() !== 'error' || !page.url().startsWith(env.admin)) return;
+    if (msg.type() !== 'error' || !onConsole(page.url())) return;
     // The API's own 4xx answers (the 409 the test provokes) are logged by Chromium as failed loads.
-    if (/^Failed to load resource/.test(msg.text()) && msg.location().url?.startsWith(`${env.admin}/v1/keys`)) return;
+    const from = msg.location().url || '';
+    if (/^Failed to load resource/.test(msg.text()) && onConsole(from) && new URL(from).pathname.startsWith('/v1/keys')) return;
     pageProblems.push(`console error at ${page.url()}: ${msg.text()} (${msg.location().url || 'page'})`);
   });
+}
+
+// Whether `url` is on one of the two consoles' origins.
+function onConsole(url) {
+  try {
+    return [env.admin, env.adminOffered].includes(new URL(url).origin);
+  } catch {
+    return false;
+  }
 }
 
 async function message() {
@@ -175,8 +92,8 @@ async function message() {
 }
 
 // Sign in from the console page through the provider's devInteractions login and consent pages.
-async function signIn(login, { admin = false, shots = false } = {}) {
-  await page.goto(`${env.admin}/console/`);
+async function signIn(login, { admin = false, shots = false, base = env.admin } = {}) {
+  await page.goto(`${base}/console/`);
   await page.locator('#sign-in:not([disabled])').waitFor();
   if (admin) await page.getByLabel(/administrator access/).check();
   if (shots) await screenshot('console-signed-out');
@@ -190,7 +107,7 @@ async function signIn(login, { admin = false, shots = false } = {}) {
   await page.getByRole('button', { name: 'Continue' }).waitFor();
   if (shots) await screenshot('idp-consent');
   await page.getByRole('button', { name: 'Continue' }).click();
-  await page.waitForURL((url) => url.href.startsWith(env.admin));
+  await page.waitForURL((url) => url.href.startsWith(`${base}/`));
   await page.locator('#app').waitFor({ state: 'visible' });
   await page.locator('#keys-table').waitFor();
   const msg = await message();
@@ -241,25 +158,28 @@ before(async () => {
   assert.ok(fs.existsSync(BIN), `${BIN} missing: cargo build first`);
   assert.ok(fs.existsSync(CHROMIUM), `${CHROMIUM} missing: apt-get install chromium (make test-deps does)`);
   upstream = await startUpstream();
-  const [gwPort, adminPort] = [await freePort(), await freePort()];
+  const [gwPort, adminPort, gwPort2, adminPort2] = [await freePort(), await freePort(), await freePort(), await freePort()];
   env.gateway = `http://127.0.0.1:${gwPort}`;
   env.admin = `http://127.0.0.1:${adminPort}`;
+  env.adminOffered = `http://127.0.0.1:${adminPort2}`;
 
   const idp = await start('idp', process.execPath, [
     path.join(ROOT, 'tests/sdk/idp.mjs'), '--port', '0', '--audience', AUDIENCE,
-    '--console-redirect', `${env.admin}/console/`,
+    '--console-redirect', `${env.admin}/console/`, '--console-redirect', `${env.adminOffered}/console/`,
   ], { waitFor: /LISTENING (\d+)/ });
   env.issuer = `http://127.0.0.1:${idp.match[1]}`;
 
-  const config = path.join(tmp, 'portcullis.toml');
-  fs.writeFileSync(config, `# written by tests/browser/console.test.mjs
+  // The same key store behind both: keys made on one are seen by the other's administrator.
+  const gateway = (name, port, adminPort, adminLines) => {
+    const config = path.join(tmp, `${name}.toml`);
+    fs.writeFileSync(config, `# written by tests/browser/console.test.mjs
 [server]
-listen = [${toml(`127.0.0.1:${gwPort}`)}]
+listen = [${toml(`127.0.0.1:${port}`)}]
 threads = 1
 grace_period_seconds = 1
 graceful_shutdown_timeout_seconds = 1
-upgrade_sock = ${toml(path.join(tmp, 'upgrade.sock'))}
-pid_file = ${toml(path.join(tmp, 'portcullis.pid'))}
+upgrade_sock = ${toml(path.join(tmp, `${name}-upgrade.sock`))}
+pid_file = ${toml(path.join(tmp, `${name}.pid`))}
 
 [auth.api_keys]
 database = ${toml(`sqlite://${path.join(tmp, 'keys.db')}`)}
@@ -274,14 +194,19 @@ audience = ${toml(AUDIENCE)}
 listen = ${toml(`127.0.0.1:${adminPort}`)}
 console = true
 max_keys_per_owner = ${MAX_KEYS_PER_OWNER}
+${adminLines}
 
 [services.infer]
 upstream = ${toml(`http://127.0.0.1:${upstream.server.address().port}`)}
 scope = "infer"
 `);
-  await start('gateway', BIN, ['serve', '--config', config]);
+    return start(name, BIN, ['serve', '--config', config]);
+  };
+  await gateway('gateway', gwPort, adminPort, '');
+  await gateway('gateway-admin', gwPort2, adminPort2, 'console_admin_sign_in = true\nadmin_subjects = ["admin"]');
   await waitHttp(`${env.gateway}/healthz`, 'gateway');
   await waitHttp(`${env.admin}/console/`, 'gateway');
+  await waitHttp(`${env.adminOffered}/console/`, 'gateway-admin');
 
   const args = ['--disable-gpu', '--disable-dev-shm-usage'];
   if (process.getuid?.() === 0) args.push('--no-sandbox'); // Chromium refuses to sandbox as root
@@ -329,7 +254,19 @@ step('the admin listener serves the console page, its script and its configurati
   assert.equal(body.resource, AUDIENCE);
   assert.equal(body.gateway_url, env.gateway);
   assert.equal(body.admin_scope, 'portcullis:admin');
+  assert.equal(body.admin_sign_in, false, 'admin sign-in is off unless configured');
   assert.ok(body.scopes.includes('openid') && body.scopes.includes('infer'), `scopes ${JSON.stringify(body.scopes)}`);
+});
+
+step('the administrator box shows only where console_admin_sign_in offers it', async () => {
+  await page.goto(`${env.admin}/console/`);
+  await page.locator('#sign-in:not([disabled])').waitFor();
+  assert.equal(await page.locator('#admin-signin').isVisible(), false, 'the box is shown without console_admin_sign_in');
+  assert.ok(!(await page.locator('body').innerText()).includes('administrator access'), 'its label is shown');
+  await page.goto(`${env.adminOffered}/console/`);
+  await page.locator('#sign-in:not([disabled])').waitFor();
+  assert.equal(await page.locator('#admin-signin').isVisible(), true, 'the box is missing where it is offered');
+  await screenshot('admin-sign-in-offered');
 });
 
 step('sign in through the real provider login and consent pages (authorization code + PKCE)', async () => {
@@ -515,10 +452,28 @@ step('a redirect back that this tab did not start is refused (state mismatch), a
   assert.equal(await page.locator('#app').isHidden(), true);
 });
 
-step("an administrator (login `admin`, admin scope requested) sees every user's keys", async () => {
+step('a forged redirect back (an error and its description, with a wrong or no state) shows nothing of it', async () => {
+  const forged = 'Your account is locked. Call +1-555-0100 now';
+  for (const state of ['&state=forged-state', '']) {
+    const query = `error=access_denied&error_description=${encodeURIComponent(forged)}${state}`;
+    await page.goto(`${env.admin}/console/?${query}`);
+    await page.locator('#message[data-kind=error]').waitFor();
+    const msg = await message();
+    assert.match(msg, /state mismatch/, msg);
+    const text = await page.locator('body').innerText();
+    for (const part of ['locked', '555-0100', 'access_denied']) {
+      assert.ok(!text.includes(part), `the page shows the forged "${part}": ${msg}`);
+    }
+    assert.equal(page.url(), `${env.admin}/console/`);
+    assert.equal(await page.locator('#app').isHidden(), true);
+  }
+  await screenshot('forged-error-refused');
+});
+
+step("an administrator (login `admin`, admin scope requested where offered) sees every user's keys", async () => {
   await context.close();
   await newPage(); // no provider session: a fresh login
-  await signIn('admin', { admin: true });
+  await signIn('admin', { admin: true, base: env.adminOffered });
   assert.match(await page.locator('#who').textContent(), /administrator/);
   const row = page.locator(`tr[data-key-id="${state.id}"]`);
   await row.waitFor();

@@ -1,0 +1,107 @@
+// Processes and servers for the browser test (tests/browser/console.test.mjs): children with
+// their logs in the test's temporary directory, waited for and stopped by the test; a free
+// port; a recording upstream; TOML strings.
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import fs from 'node:fs';
+import http from 'node:http';
+import net from 'node:net';
+import path from 'node:path';
+
+export async function freePort() {
+  const srv = net.createServer();
+  srv.listen(0, '127.0.0.1');
+  await once(srv, 'listening');
+  const { port } = srv.address();
+  await new Promise((resolve) => srv.close(resolve));
+  return port;
+}
+
+// Children started in `root`, logging to `<tmp>/<name>.log`; `children` lists them all, for
+// the test to stop.
+export function processes(tmp, root) {
+  const children = [];
+  function start(name, cmd, args, { waitFor } = {}) {
+    const log = fs.openSync(path.join(tmp, `${name}.log`), 'w');
+    const child = spawn(cmd, args, {
+      cwd: root,
+      env: { ...process.env, RUST_LOG: process.env.RUST_LOG || 'info' },
+      stdio: ['ignore', waitFor ? 'pipe' : log, log],
+    });
+    children.push({ name, child });
+    if (!waitFor) return Promise.resolve({ child });
+    return new Promise((resolve, reject) => {
+      let seen = '';
+      const timer = setTimeout(() => reject(new Error(`${name} printed no ${waitFor} within 20 s: ${logTail(name)}`)), 20_000);
+      child.stdout.on('data', (chunk) => {
+        fs.writeSync(log, chunk);
+        seen += chunk;
+        const m = waitFor.exec(seen);
+        if (m) {
+          clearTimeout(timer);
+          resolve({ child, match: m });
+        }
+      });
+      child.once('exit', (code) => {
+        clearTimeout(timer);
+        reject(new Error(`${name} exited (${code}) before it was ready: ${logTail(name)}`));
+      });
+    });
+  }
+
+  function logTail(name, lines = 30) {
+    try {
+      return `\n--- ${name}.log ---\n${fs.readFileSync(path.join(tmp, `${name}.log`), 'utf8').split('\n').slice(-lines).join('\n')}`;
+    } catch {
+      return '';
+    }
+  }
+
+  async function waitHttp(url, name, ok = (r) => r.status === 200) {
+    const deadline = Date.now() + 30_000;
+    let last = 'no answer';
+    while (Date.now() < deadline) {
+      try {
+        const r = await fetch(url);
+        if (ok(r)) return;
+        last = `HTTP ${r.status}`;
+      } catch (err) {
+        last = err.cause?.code || err.message;
+      }
+      const c = children.find((x) => x.name === name);
+      if (c && c.child.exitCode !== null) throw new Error(`${name} exited with ${c.child.exitCode}: ${logTail(name)}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    throw new Error(`${url} not ready within 30 s (${last}): ${logTail(name)}`);
+  }
+
+  return { children, start, logTail, waitHttp };
+}
+
+// A recording OpenAI-style upstream: answers POST /v1/chat/completions with a fixed completion.
+export function startUpstream() {
+  const requests = [];
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => { body += c; });
+    req.on('end', () => {
+      requests.push({ method: req.method, url: req.url, headers: req.headers, body });
+      if (req.method === 'POST' && req.url === '/v1/chat/completions') {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({
+          id: 'chatcmpl-browser', object: 'chat.completion', created: 0, model: 'test-model',
+          choices: [{ index: 0, message: { role: 'assistant', content: 'Hi from upstream' }, finish_reason: 'stop' }],
+          usage: { prompt_tokens: 3, completion_tokens: 3, total_tokens: 6 },
+        }));
+      } else {
+        res.writeHead(404, { 'content-type': 'application/json' });
+        res.end('{"error":"not_found"}');
+      }
+    });
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, requests })));
+}
+
+export function toml(value) {
+  return JSON.stringify(value); // a JSON string is a valid TOML basic string for these values
+}
