@@ -110,7 +110,9 @@ impl Models {
     }
 }
 
-/// The outcome of the policy for one valid body, as a new body.
+/// The outcome of the policy for one valid body, as a new body (what the tests and the fuzz
+/// invariants check; the proxy edits in place through `plan`).
+#[cfg(any(test, feature = "fuzzing"))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
     /// Some(new body) only when the policy changed the body; None means: forward the
@@ -176,6 +178,7 @@ impl fmt::Display for BodyError {
 impl std::error::Error for BodyError {}
 
 /// Checks a chat or embeddings body and applies the policy to it, as a new body.
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn apply(endpoint: Endpoint, body: &[u8], models: &Models) -> Result<Applied, BodyError> {
     let plan = plan(endpoint, body, models)?;
     Ok(Applied {
