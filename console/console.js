@@ -22,6 +22,8 @@
   let shownKeyId = null; // the key whose secret the page shows right now
   let keys = []; // the pages of the key list loaded so far, newest first
   let nextCursor = null; // the `next` of the last page loaded; null: no older keys
+  // oidc.js, loaded first: PKCE, discovery, reading claims, dates.
+  const { randomString, s256, consoleUrl, getJson, discover, decodeClaims, formatTime } = window.PortcullisOidc;
 
   // ---- small helpers ----------------------------------------------------------------------
 
@@ -33,71 +35,6 @@
     if (kind === 'error' && el.getBoundingClientRect().top < 0) el.scrollIntoView({ block: 'nearest' });
   }
 
-  function b64url(bytes) {
-    let bin = '';
-    for (const b of bytes) bin += String.fromCharCode(b);
-    return btoa(bin).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
-  }
-
-  function randomString(bytes) {
-    return b64url(crypto.getRandomValues(new Uint8Array(bytes)));
-  }
-
-  async function s256(text) {
-    const digest = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(text));
-    return b64url(new Uint8Array(digest));
-  }
-
-  // The console's own address, the redirect URI: this page's folder (/console/, also when the
-  // page was opened as /console/index.html), without query or fragment.
-  function consoleUrl() {
-    return new URL('.', location.origin + location.pathname).href;
-  }
-
-  async function getJson(url, what) {
-    let res;
-    try {
-      res = await fetch(url, { cache: 'no-store', credentials: 'omit' });
-    } catch (err) {
-      throw new Error(`${what}: cannot reach ${url} (${err.message})`);
-    }
-    if (!res.ok) throw new Error(`${what}: ${url} answered HTTP ${res.status}`);
-    return res.json();
-  }
-
-  async function discover() {
-    const issuer = config.issuer.replace(/\/+$/, '');
-    const doc = await getJson(`${issuer}/.well-known/openid-configuration`, 'OpenID discovery');
-    if (doc.issuer !== config.issuer) {
-      throw new Error(`OpenID discovery: the provider calls itself ${doc.issuer}, not ${config.issuer}`);
-    }
-    if (!doc.authorization_endpoint || !doc.token_endpoint) {
-      throw new Error('OpenID discovery: no authorization or token endpoint');
-    }
-    const methods = doc.code_challenge_methods_supported;
-    if (Array.isArray(methods) && !methods.includes('S256')) {
-      throw new Error('the identity provider does not support PKCE S256');
-    }
-    return doc;
-  }
-
-  function decodeClaims(jwt) {
-    try {
-      const part = jwt.split('.')[1].replace(/-/g, '+').replace(/_/g, '/');
-      const json = decodeURIComponent(Array.from(atob(part), (c) => `%${c.charCodeAt(0).toString(16).padStart(2, '0')}`).join(''));
-      return JSON.parse(json);
-    } catch {
-      return {}; // not a JWT the page can read: the gateway decides anyway
-    }
-  }
-
-  function formatTime(value) {
-    if (!value) return '—';
-    const d = new Date(value);
-    if (Number.isNaN(d.getTime())) return String(value);
-    return d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, ' UTC').replace(/Z$/, ' UTC');
-  }
-
   // ---- sign-in: authorization code + PKCE --------------------------------------------------
 
   async function signIn() {
@@ -107,7 +44,7 @@
     }
     $('sign-in').disabled = true;
     try {
-      const doc = await discover();
+      const doc = await discover(config.issuer);
       const verifier = randomString(32);
       const state = randomString(16);
       const scopes = [...config.scopes];
@@ -157,7 +94,7 @@
       const desc = params.get('error_description');
       throw new Error(`the identity provider answered ${params.get('error')}${desc ? `: ${desc}` : ''}`);
     }
-    const doc = await discover();
+    const doc = await discover(config.issuer);
     // RFC 9207: when the provider names itself in the response, it must be ours.
     if (params.has('iss') && params.get('iss') !== doc.issuer) {
       throw new Error('the sign-in response came from another identity provider');

@@ -237,14 +237,16 @@ after(async () => {
 
 const state = {}; // what one step hands the next
 
-step('the admin listener serves the console page, its script and its configuration', async () => {
+step('the admin listener serves the console page, its scripts and its configuration', async () => {
   const html = await fetch(`${env.admin}/console/`);
   assert.equal(html.status, 200);
   assert.match(html.headers.get('content-type') || '', /^text\/html/);
-  assert.match(await html.text(), /<script src="console\.js"><\/script>/);
-  const js = await fetch(`${env.admin}/console/console.js`);
-  assert.equal(js.status, 200);
-  assert.match(js.headers.get('content-type') || '', /^(text|application)\/javascript/);
+  assert.match(await html.text(), /<script src="oidc\.js"><\/script>\s*<script src="console\.js"><\/script>/);
+  for (const script of ['oidc.js', 'console.js']) {
+    const js = await fetch(`${env.admin}/console/${script}`);
+    assert.equal(js.status, 200, script);
+    assert.match(js.headers.get('content-type') || '', /^(text|application)\/javascript/);
+  }
   const cfg = await fetch(`${env.admin}/console/config.json`);
   assert.equal(cfg.status, 200);
   assert.match(cfg.headers.get('content-type') || '', /^application\/json/);
