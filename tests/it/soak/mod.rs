@@ -331,8 +331,14 @@ fn figures(
         ("withdrawn JWKS keys refused", &f.withdrawals),
         ("old processes drained", &f.drains),
     ] {
-        if let Some(max) = took.iter().max() {
-            let _ = write!(line, "; {what} within {:.2} s", max.as_secs_f64());
+        match took.iter().max() {
+            Some(max) if max.as_secs() == 0 => {
+                let _ = write!(line, "; {what} within {} ms", max.as_millis());
+            }
+            Some(max) => {
+                let _ = write!(line, "; {what} within {:.1} s", max.as_secs_f64());
+            }
+            None => {}
         }
     }
     line
