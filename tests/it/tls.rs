@@ -122,6 +122,15 @@ impl Drop for TlsUpstream {
     }
 }
 
+/// An HTTPS client that trusts the throwaway CA `make_certs` wrote into `dir`.
+pub fn client_trusting(dir: &Path) -> reqwest::Client {
+    let pem = std::fs::read(dir.join("ca.pem")).unwrap();
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .build()
+        .unwrap()
+}
+
 fn status(gw: &Gateway, key: &str, service: &str) -> (u16, Vec<u8>) {
     let req = format!("GET /v1/{service}/x HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n");
     let (s, _, b) = gw.raw(req.as_bytes());
@@ -201,12 +210,7 @@ async fn the_gateway_terminates_tls_on_its_tls_listeners() {
         .extra(&tls);
     let gw = tokio::task::block_in_place(|| builder.start());
     let (key, _) = gw.create_key("infer", &[]);
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(certs.path().join("ca.pem")).unwrap())
-        .unwrap();
-    let client = reqwest::Client::builder()
-        .add_root_certificate(ca)
-        .build()
-        .unwrap();
+    let client = crate::tls::client_trusting(certs.path());
     let base = format!("https://127.0.0.1:{tls_port}");
     let health = client.get(format!("{base}/healthz")).send().await.unwrap();
     assert_eq!(health.status(), 200);

@@ -26,12 +26,7 @@ async fn with_admin_tls_the_key_api_and_console_are_served_over_https_only() {
         .service(Service::new("infer", up.url("")))
         .extra(&extra);
     let gw = tokio::task::block_in_place(|| builder.start());
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(certs.path().join("ca.pem")).unwrap())
-        .unwrap();
-    let client = reqwest::Client::builder()
-        .add_root_certificate(ca)
-        .build()
-        .unwrap();
+    let client = crate::tls::client_trusting(certs.path());
     let base = format!("https://127.0.0.1:{port}");
     let started = Instant::now();
     while !client
