@@ -35,9 +35,16 @@ pub struct Principal {
     pub kind: PrincipalKind,
     pub id: Box<str>,
     pub scopes: Box<[Box<str>]>,
+    /// Whom usage is billed to: a key's owner (none for keys made without one), a JWT's `sub`.
+    pub owner: Option<Box<str>>,
 }
 
 impl Principal {
+    /// The key id of an API key caller; none for a JWT caller.
+    pub fn key_id(&self) -> Option<&str> {
+        (self.kind == PrincipalKind::ApiKey).then_some(&*self.id)
+    }
+
     pub fn has_scope(&self, scope: &str) -> bool {
         self.scopes.iter().any(|s| &**s == scope)
     }

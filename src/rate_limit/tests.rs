@@ -18,6 +18,7 @@ fn caller(id: &str) -> Principal {
         kind: PrincipalKind::ApiKey,
         id: id.into(),
         scopes: Box::new([]),
+        owner: None,
     }
 }
 

@@ -70,6 +70,7 @@ impl Lookup {
                     kind: PrincipalKind::ApiKey,
                     id: stored.record.key_id.into(),
                     scopes: stored.record.scopes.into_iter().map(Into::into).collect(),
+                    owner: stored.record.owner.map(Into::into),
                 }),
             })),
         })

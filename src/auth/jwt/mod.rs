@@ -254,10 +254,13 @@ impl JwtVerifier {
             return Err("empty `sub`".into());
         }
         let exp = claims.exp().ok_or("unreadable `exp`")?;
+        let scopes = claims.scopes();
+        let sub: Box<str> = claims.sub.into();
         let principal = Principal {
             kind: PrincipalKind::Jwt,
-            scopes: claims.scopes(),
-            id: claims.sub.into(),
+            scopes,
+            owner: Some(sub.clone()),
+            id: sub,
         };
         Ok(Verified {
             principal: Arc::new(principal),
