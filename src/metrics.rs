@@ -12,6 +12,8 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use crate::usage::Usage;
+
 use crate::auth::AuthFailure;
 
 /// From a 2 ms embedding call to a 10-minute reasoning stream.
@@ -33,6 +35,7 @@ pub struct Metrics {
     key_store_lookups: IntCounterVec,
     jwks_fetches: IntCounterVec,
     tokens: IntCounterVec,
+    usage_unread: IntCounterVec,
     revocation_push: IntCounterVec,
     key_events: IntCounterVec,
     upstream_healthy: IntGaugeVec,
@@ -123,9 +126,17 @@ impl Metrics {
         let tokens = IntCounterVec::new(
             Opts::new(
                 "portcullis_tokens_total",
-                "Tokens reported by the upstream's `usage` on api = \"openai\" services, by service and kind (prompt, completion).",
+                "Tokens reported by the upstream's `usage` on api = \"openai\" services (or estimated for a cut stream), by service and kind (prompt, completion, reasoning, cached).",
             ),
             &["service", "kind"],
+        )
+        .expect("valid metric");
+        let usage_unread = IntCounterVec::new(
+            Opts::new(
+                "portcullis_usage_unread_total",
+                "Successful responses on api = \"openai\" services whose usage could not be read, by service and reason (encoding, missing, abandoned).",
+            ),
+            &["service", "reason"],
         )
         .expect("valid metric");
         let revocation_push = IntCounterVec::new(
@@ -185,6 +196,7 @@ impl Metrics {
             Box::new(upstream_healthy.clone()),
             Box::new(key_events.clone()),
             Box::new(tokens.clone()),
+            Box::new(usage_unread.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(key_store_lookups.clone()),
             Box::new(jwks_fetches.clone()),
@@ -211,6 +223,7 @@ impl Metrics {
             key_store_lookups,
             jwks_fetches,
             tokens,
+            usage_unread,
             revocation_push,
             key_events,
             upstream_healthy,
@@ -298,13 +311,32 @@ impl Metrics {
         }
     }
 
+    /// Every kind of token of `service` at 0, so a rate() over it is defined from the start.
+    pub fn register_tokens(&self, service: &str) {
+        for kind in ["prompt", "completion", "reasoning", "cached"] {
+            self.tokens.with_label_values(&[service, kind]);
+        }
+    }
+
     /// Usage as the upstream reported it; a kind it did not report is not counted.
-    pub fn tokens(&self, service: &str, prompt: Option<u64>, completion: Option<u64>) {
-        for (kind, n) in [("prompt", prompt), ("completion", completion)] {
-            if let Some(n) = n {
+    pub fn tokens(&self, service: &str, usage: &Usage) {
+        for (kind, n) in [
+            ("prompt", usage.prompt_tokens),
+            ("completion", usage.completion_tokens),
+            ("reasoning", usage.reasoning_tokens),
+            ("cached", usage.cached_tokens),
+        ] {
+            if let Some(n) = n.filter(|&n| n > 0) {
                 self.tokens.with_label_values(&[service, kind]).inc_by(n);
             }
         }
+    }
+
+    /// A response whose usage could not be read (`reason` from a fixed set).
+    pub fn usage_unread(&self, service: &str, reason: &'static str) {
+        self.usage_unread
+            .with_label_values(&[service, reason])
+            .inc();
     }
 
     pub fn stream_started(&self, service: &str) {

@@ -57,11 +57,17 @@ pub struct ProxiedFields<'a> {
     pub bytes_in: u64,
     /// Response body bytes sent to the client.
     pub bytes_out: u64,
-    /// On `api = "openai"` chat/embeddings calls: the model after the policy (cut by
-    /// `model_name`), and the usage the upstream reported; null when unknown.
+    /// On the endpoints the gateway reads: the model after the policy (cut by
+    /// `model_name`), and the usage the upstream reported (or the estimate of a stream that
+    /// ended without one, then `usage_estimated`); null when unknown.
     pub model: Option<&'a str>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    pub reasoning_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub usage_estimated: bool,
+    /// Whom the request is billed to: the key's owner or the JWT's `sub`.
+    pub owner: Option<&'a str>,
     /// The configured `host:port` of the replica the request went to last; null if none.
     pub replica: Option<&'a str>,
 }

@@ -26,7 +26,16 @@ const BODY_ERRORS: [&str; 4] = [
     "model appears more than once",
     "model must be a string",
 ];
-const CHAT_ERRORS: [&str; 11] = [
+/// What chat and completions bodies can both get for `stream` and `stream_options`.
+const STREAM_ERRORS: [&str; 6] = [
+    "stream appears more than once",
+    "stream must be a boolean",
+    "stream_options appears more than once",
+    "stream_options must be an object",
+    "stream_options.include_usage appears more than once",
+    "stream_options.include_usage must be a boolean",
+];
+const CHAT_ERRORS: [&str; 9] = [
     "messages is required",
     "messages appears more than once",
     "messages must be a non-empty array",
@@ -36,8 +45,12 @@ const CHAT_ERRORS: [&str; 11] = [
     "messages[N].content appears more than once",
     "messages[N].content must be a string, an array of content parts or null",
     "messages[N].content[N] must be an object",
-    "stream appears more than once",
-    "stream must be a boolean",
+];
+const COMPLETIONS_ERRORS: [&str; 3] = [
+    "prompt is required",
+    "prompt appears more than once",
+    "prompt must be a string, an array of strings, an array of integers or an array of \
+     integer arrays",
 ];
 const EMBEDDINGS_ERRORS: [&str; 3] = [
     "input is required",
@@ -59,7 +72,7 @@ pub fn model_body(data: &[u8]) {
     );
     // What serde_json reads, the reference every outcome is compared with.
     let parsed = serde_json::from_slice::<Value>(data).ok();
-    for endpoint in [Endpoint::Chat, Endpoint::Embeddings] {
+    for endpoint in [Endpoint::Chat, Endpoint::Completions, Endpoint::Embeddings] {
         let plain = model_policy::apply(endpoint, data, &none);
         let with = model_policy::apply(endpoint, data, &policy);
         let (plain, with) = match (plain, with) {
@@ -125,12 +138,14 @@ fn assert_refusal(endpoint: Endpoint, e: &BodyError, body: &[u8], parsed: Option
         }
         in_number = c.is_ascii_digit();
     }
-    let for_endpoint: &[&str] = match endpoint {
-        Endpoint::Chat => &CHAT_ERRORS,
-        Endpoint::Embeddings => &EMBEDDINGS_ERRORS,
+    let (for_endpoint, streamed): (&[&str], &[&str]) = match endpoint {
+        Endpoint::Chat => (&CHAT_ERRORS, &STREAM_ERRORS),
+        Endpoint::Completions => (&COMPLETIONS_ERRORS, &STREAM_ERRORS),
+        Endpoint::Embeddings => (&EMBEDDINGS_ERRORS, &[]),
     };
+    let known = [&BODY_ERRORS[..], for_endpoint, streamed];
     assert!(
-        BODY_ERRORS.contains(&&*shape) || for_endpoint.contains(&&*shape),
+        known.iter().any(|list| list.contains(&&*shape)),
         "{endpoint:?}: a refusal outside the vocabulary: {message:?}"
     );
     if let Some(value) = parsed {
@@ -195,7 +210,8 @@ fn has_unique_keys(body: &[u8]) -> bool {
 }
 
 /// The shapes `model_policy` promises, read independently on serde_json's `Value`. The
-/// optional members it reads (`model`, `stream`) may also be `null`, which means absent.
+/// optional members it reads (`model`, `stream`, `stream_options` and its `include_usage`)
+/// may also be `null`, which means absent.
 fn well_shaped(endpoint: Endpoint, body: &Value) -> bool {
     let Some(body) = body.as_object() else {
         return false;
@@ -207,6 +223,30 @@ fn well_shaped(endpoint: Endpoint, body: &Value) -> bool {
         return false;
     }
     let integer = |v: &Value| v.is_i64() || v.is_u64();
+    // All strings, all integers, or all arrays of integers.
+    let tokens = |input: Option<&Value>| match input {
+        Some(Value::String(_)) => true,
+        Some(Value::Array(items)) => {
+            let kind = |v: &Value| match v {
+                Value::String(_) => Some(0),
+                v if integer(v) => Some(1),
+                Value::Array(tokens) if tokens.iter().all(integer) => Some(2),
+                _ => None,
+            };
+            let kinds: Option<Vec<_>> = items.iter().map(kind).collect();
+            kinds.is_some_and(|k| k.windows(2).all(|w| w[0] == w[1]))
+        }
+        _ => false,
+    };
+    let streams = || {
+        let boolean = |v: &Value| v.is_boolean() || v.is_null();
+        body.get("stream").is_none_or(boolean)
+            && body.get("stream_options").is_none_or(|o| match o {
+                Value::Null => true,
+                Value::Object(o) => o.get("include_usage").is_none_or(boolean),
+                _ => false,
+            })
+    };
     match endpoint {
         Endpoint::Chat => {
             let message = |m: &Value| {
@@ -219,28 +259,20 @@ fn well_shaped(endpoint: Endpoint, body: &Value) -> bool {
                         }
                 })
             };
-            body.get("stream")
-                .is_none_or(|s| s.is_boolean() || s.is_null())
+            streams()
                 && body
                     .get("messages")
                     .and_then(Value::as_array)
                     .is_some_and(|ms| !ms.is_empty() && ms.iter().all(message))
         }
-        Endpoint::Embeddings => match body.get("input") {
-            Some(Value::String(_)) => true,
-            // All strings, all integers, or all arrays of integers.
-            Some(Value::Array(items)) => {
-                let kind = |v: &Value| match v {
-                    Value::String(_) => Some(0),
-                    v if integer(v) => Some(1),
-                    Value::Array(tokens) if tokens.iter().all(integer) => Some(2),
-                    _ => None,
-                };
-                let kinds: Option<Vec<_>> = items.iter().map(kind).collect();
-                kinds.is_some_and(|k| k.windows(2).all(|w| w[0] == w[1]))
-            }
-            _ => false,
-        },
+        Endpoint::Completions => {
+            streams()
+                && match body.get("prompt") {
+                    None => body.contains_key("prompt_embeds"),
+                    prompt => tokens(prompt),
+                }
+        }
+        Endpoint::Embeddings => tokens(body.get("input")),
     }
 }
 

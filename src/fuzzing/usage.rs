@@ -118,10 +118,23 @@ fn json_usage(document: &[u8]) -> Option<Option<Usage>> {
         let raw = raw.get();
         if key == "usage" && raw.starts_with('{') && raw.len() <= USAGE_CAP {
             let object: Value = serde_json::from_str(raw).ok()?;
-            let count = |name| object.get(name).and_then(Value::as_u64);
+            // The chat API's name wins over the Responses API's when both are sent.
+            let either = |a: &str, b: &str| object.get(a).or_else(|| object.get(b));
+            let count = |a, b| either(a, b).and_then(Value::as_u64);
+            let detail = |a, b, name| either(a, b).and_then(|d| d.get(name)?.as_u64());
             usage = Some(Usage {
-                prompt_tokens: count("prompt_tokens"),
-                completion_tokens: count("completion_tokens"),
+                prompt_tokens: count("prompt_tokens", "input_tokens"),
+                completion_tokens: count("completion_tokens", "output_tokens"),
+                reasoning_tokens: detail(
+                    "completion_tokens_details",
+                    "output_tokens_details",
+                    "reasoning_tokens",
+                ),
+                cached_tokens: detail(
+                    "prompt_tokens_details",
+                    "input_tokens_details",
+                    "cached_tokens",
+                ),
             });
         }
     }

@@ -1,45 +1,26 @@
-//! The model policy of `api = "openai"` services: chat and embeddings bodies are checked for
-//! the shapes the gateway relies on, then a default model is inserted or an alias replaced.
-//! Everything else in the body goes upstream byte for byte as the client sent it.
+//! The model policy of `api = "openai"` services: chat, completions and embeddings bodies are
+//! checked for the shapes the gateway relies on, then a default model is inserted or an alias
+//! replaced, and a streamed request is made to report its usage. Everything else in the body
+//! goes upstream byte for byte as the client sent it.
 
 mod body;
 #[cfg(test)]
 mod edit_tests;
+mod endpoint;
+mod include_usage;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod usage_tests;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 
-/// The requests whose bodies the gateway reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Embeddings,
-}
-
-impl Endpoint {
-    /// A POST whose path (the part before any '?') ends in "/chat/completions" or
-    /// "/embeddings"; anything else is not read.
-    pub fn of(method: &http::Method, forwarded_path: &[u8]) -> Option<Endpoint> {
-        if method != http::Method::POST {
-            return None;
-        }
-        let path = match forwarded_path.iter().position(|&b| b == b'?') {
-            Some(query) => &forwarded_path[..query],
-            None => forwarded_path,
-        };
-        if path.ends_with(b"/chat/completions") {
-            Some(Endpoint::Chat)
-        } else if path.ends_with(b"/embeddings") {
-            Some(Endpoint::Embeddings)
-        } else {
-            None
-        }
-    }
-}
+pub use endpoint::Endpoint;
+use include_usage::UsageRequest;
+pub use include_usage::MAX_GROWTH as USAGE_MAX_GROWTH;
 
 /// A service's policy, built once at start-up so that `apply` encodes nothing.
 #[derive(Debug, Clone)]
@@ -126,36 +107,82 @@ pub struct Applied {
 /// changed where it lies, never copied.
 #[derive(Debug)]
 pub struct Plan<'a, 'm> {
+    /// The model policy's edit.
     pub edit: Option<Edit<'m>>,
     /// The model after the policy, borrowed from the body or the policy.
     pub model: Option<Cow<'a, str>>,
+    /// A streamed request that does not ask for its usage: the edit that asks for it.
+    pub usage: Option<Edit<'static>>,
 }
 
-/// Bytes `range` of the body replaced by `with`: an insertion when the range is empty.
+/// Up to two places of the body replaced (an insertion when a range is empty), in order and
+/// not overlapping: the model's and `stream_options`'.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edit<'m> {
+    first: Splice<'m>,
+    second: Option<Splice<'m>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Splice<'m> {
     range: Range<usize>,
     with: &'m [u8],
 }
 
-impl Edit<'_> {
-    /// How many bytes longer the body gets; at most `Models::max_growth`.
+impl<'m> Edit<'m> {
+    fn splice(range: Range<usize>, with: &'m [u8]) -> Edit<'m> {
+        Edit {
+            first: Splice { range, with },
+            second: None,
+        }
+    }
+
+    /// Both edits, one after the other; each was planned on the original body, in a
+    /// different member (two insertions after the opening brace are both kept).
+    pub fn and<'o: 'm>(self, other: Edit<'o>) -> Edit<'m> {
+        debug_assert!(self.second.is_none() && other.second.is_none());
+        let (a, b) = (self.first, other.first);
+        let (first, second) = if b.range.start < a.range.start {
+            (b, a)
+        } else {
+            (a, b)
+        };
+        debug_assert!(first.range.end <= second.range.start);
+        Edit {
+            first,
+            second: Some(second),
+        }
+    }
+
+    fn splices(&self) -> impl DoubleEndedIterator<Item = &Splice<'m>> {
+        std::iter::once(&self.first).chain(&self.second)
+    }
+
+    /// How many bytes longer the body gets.
     pub fn growth(&self) -> usize {
-        self.with.len().saturating_sub(self.range.len())
+        let grows = |s: &Splice| s.with.len().saturating_sub(s.range.len());
+        self.splices().map(grows).sum()
     }
 
     /// A new body: `body` with the edit made.
     pub fn applied_to(&self, body: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(body.len() + self.growth());
-        out.extend_from_slice(&body[..self.range.start]);
-        out.extend_from_slice(self.with);
-        out.extend_from_slice(&body[self.range.end..]);
+        let mut at = 0;
+        for splice in self.splices() {
+            out.extend_from_slice(&body[at..splice.range.start]);
+            out.extend_from_slice(splice.with);
+            at = splice.range.end;
+        }
+        out.extend_from_slice(&body[at..]);
         out
     }
 
     /// Makes the edit in `body` itself; no allocation when it has `growth()` bytes to spare.
     pub fn apply_in_place(&self, body: &mut Vec<u8>) {
-        body.splice(self.range.clone(), self.with.iter().copied());
+        // The later splice first: the earlier one's range still holds after it.
+        for splice in self.splices().rev() {
+            body.splice(splice.range.clone(), splice.with.iter().copied());
+        }
     }
 }
 
@@ -177,7 +204,7 @@ impl fmt::Display for BodyError {
 
 impl std::error::Error for BodyError {}
 
-/// Checks a chat or embeddings body and applies the policy to it, as a new body.
+/// Checks a body and applies the model policy to it, as a new body (the usage edit aside).
 #[cfg(any(test, feature = "fuzzing"))]
 pub fn apply(endpoint: Endpoint, body: &[u8], models: &Models) -> Result<Applied, BodyError> {
     let plan = plan(endpoint, body, models)?;
@@ -187,65 +214,74 @@ pub fn apply(endpoint: Endpoint, body: &[u8], models: &Models) -> Result<Applied
     })
 }
 
-/// Checks a chat or embeddings body and says what the policy changes in it.
+/// Checks a body and says what the policy changes in it.
 pub fn plan<'a, 'm: 'a>(
     endpoint: Endpoint,
     body: &'a [u8],
     models: &'m Models,
 ) -> Result<Plan<'a, 'm>, BodyError> {
-    let plan = match body::scan(endpoint, body)? {
+    let scanned = body::scan(endpoint, body)?;
+    let usage = if scanned.stream {
+        let options = match scanned.stream_options {
+            true => Some(
+                body::member(body, "stream_options")
+                    .ok_or_else(|| BodyError("stream_options must be an object".to_string()))?,
+            ),
+            false => None,
+        };
+        match include_usage::plan(body, options, after_brace(body))? {
+            UsageRequest::Missing { range, with } => Some(Edit::splice(range, with)),
+            UsageRequest::Asked => None,
+        }
+    } else {
+        None
+    };
+    let (edit, model) = model_edit(scanned.model, body, models);
+    Ok(Plan { edit, model, usage })
+}
+
+/// The model policy's edit of a body and the model after it.
+fn model_edit<'a, 'm: 'a>(
+    model: Option<body::Model<'a>>,
+    body: &'a [u8],
+    models: &'m Models,
+) -> (Option<Edit<'m>>, Option<Cow<'a, str>>) {
+    let plan = match model {
         Some(body::Model {
             token,
             name: Some(name),
         }) => match models.aliases.get(&*name) {
-            Some(target) => Plan {
+            Some(target) => (
                 // An alias to the name as the body spells it changes nothing.
-                edit: (token.as_bytes() != target.token).then(|| Edit {
-                    range: range_of(body, token),
-                    with: &target.token,
-                }),
-                model: Some(Cow::Borrowed(&target.name)),
-            },
-            None => Plan {
-                edit: None,
-                model: Some(name),
-            },
+                (token.as_bytes() != target.token)
+                    .then(|| Edit::splice(range_of(body, token), &target.token)),
+                Some(Cow::Borrowed(target.name.as_str())),
+            ),
+            None => (None, Some(name)),
         },
         // No model, or `null`: the default goes in (in the null's place), or nothing changes.
         absent => match &models.default {
-            None => Plan {
-                edit: None,
-                model: None,
-            },
+            None => (None, None),
             Some(default) => {
                 let edit = match absent {
-                    Some(null) => Edit {
-                        range: range_of(body, null.token),
-                        with: &default.token,
-                    },
+                    Some(null) => Edit::splice(range_of(body, null.token), &default.token),
                     None => {
                         let at = after_brace(body);
-                        Edit {
-                            range: at..at,
-                            with: &default.insert,
-                        }
+                        Edit::splice(at..at, &default.insert)
                     }
                 };
-                Plan {
-                    edit: Some(edit),
-                    model: Some(Cow::Borrowed(&default.name)),
-                }
+                (Some(edit), Some(Cow::Borrowed(default.name.as_str())))
             }
         },
     };
-    Ok(plan)
+    plan
 }
 
 /// Where, in `body`, the default goes: right after its opening brace.
 fn after_brace(body: &[u8]) -> usize {
     // The body was checked to be an object: only JSON whitespace comes before its brace, and
-    // it is never empty (it holds `messages` or `input`), so the inserted trailing comma is
-    // right.
+    // it is never empty (it holds `messages`, `prompt` or `input`), so the inserted trailing
+    // comma is right.
     let after = body.iter().position(|&b| b == b'{').map_or(0, |i| i + 1);
     debug_assert!(body[..after.saturating_sub(1)]
         .iter()

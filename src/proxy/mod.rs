@@ -6,6 +6,7 @@ mod context;
 mod headers;
 mod held;
 mod local;
+mod metered;
 pub mod openai;
 mod record;
 mod route;
@@ -346,7 +347,7 @@ impl ProxyHttp for Gateway {
             self.metrics.stream_started(self.service_label(ctx));
         }
         if let Some(exchange) = &mut ctx.openai {
-            exchange.response_started(upstream_response, event_stream);
+            (exchange.metered).response_started(upstream_response, event_stream);
         }
         Ok(())
     }
@@ -358,9 +359,10 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Duration>> {
-        // Usage is read from the bytes as they pass; the chunk goes on untouched and at once.
-        if let (Some(exchange), Some(chunk)) = (&mut ctx.openai, body.as_ref()) {
-            exchange.response_chunk(chunk);
+        // Usage is read from the bytes as they pass; the chunk goes on at once, untouched
+        // but for what the gateway's own `include_usage` added.
+        if let Some(exchange) = &mut ctx.openai {
+            exchange.metered.response_chunk(body, end_of_stream);
         }
         // The replica is done with this request: before the client has the last byte, so its
         // next request already sees the replica free.
@@ -416,7 +418,7 @@ impl ProxyHttp for Gateway {
             )
     }
 
-    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         // 8. Record: metrics, then the access log (queued for its writer thread, never waited on).
         let status = session
             .response_written()
@@ -427,9 +429,14 @@ impl ProxyHttp for Gateway {
         if ctx.streaming {
             self.metrics.stream_ended(service);
         }
-        if let Some(usage) = ctx.openai.as_ref().and_then(|x| x.usage()) {
-            self.metrics
-                .tokens(service, usage.prompt_tokens, usage.completion_tokens);
+        if let Some(exchange) = &mut ctx.openai {
+            let metered = &mut exchange.metered;
+            if let Some(reason) = metered.settle(status, e.is_some()) {
+                self.metrics.usage_unread(service, reason);
+            }
+            if let Some(charged) = metered.charged() {
+                self.metrics.tokens(service, &charged.usage);
+            }
         }
         self.metrics.record_for(
             self.service_metrics(ctx),

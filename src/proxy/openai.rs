@@ -1,6 +1,6 @@
-//! The request-flow side of `api = "openai"` services: reading the chat/embeddings body,
-//! validating it and applying the model policy before anything reaches the upstream, then
-//! counting the `usage` the response reports as it streams past.
+//! The request-flow side of `api = "openai"` services: reading the chat, completions or
+//! embeddings body, validating it and applying the model policy before anything reaches the
+//! upstream, then metering the response as it streams past (`metered.rs`).
 //!
 //! Pingora 0.9 writes the upstream request head before `request_body_filter` ever runs, so
 //! a body whose length changes cannot fix its Content-Length there. Two ways through:
@@ -27,17 +27,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::http::RequestHeader;
 use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use super::budget::{Budget, Reservation};
 use super::held::Held;
+use super::metered::Metered;
 use crate::access_log;
 use crate::config::BufferLimits;
 use crate::errors::GatewayError;
 use crate::model_policy::{self, BodyError, Edit, Endpoint, Models};
-use crate::usage::{Encoding, Framing, Usage, UsageScanner};
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT` in pingora-core): a body read ahead is only
 /// replayed to the upstream if it fits.
@@ -63,7 +63,7 @@ impl Buffering {
     }
 }
 
-/// What one chat or embeddings exchange on an `api = "openai"` service carries.
+/// What one exchange on an endpoint the gateway reads carries.
 pub struct Exchange {
     pub endpoint: Endpoint,
     body: Body,
@@ -71,7 +71,8 @@ pub struct Exchange {
     pub model: Option<String>,
     /// Set when the body was refused; told to the client in the 400.
     pub error: Option<BodyError>,
-    usage: Option<UsageScanner>,
+    /// The response's usage, read as it passes.
+    pub metered: Metered,
     /// The memory of a body read ahead: Pingora keeps the client's bytes in its retry buffer
     /// until the request ends, so this is held as long.
     reserved: Option<Reservation>,
@@ -113,7 +114,7 @@ impl Exchange {
             body: Body::Original,
             model: None,
             error: None,
-            usage: None,
+            metered: Metered::default(),
             reserved: None,
         };
         let refuse = |exchange, e| Ok((exchange, Next::Refuse(e)));
@@ -128,7 +129,7 @@ impl Exchange {
         let Some(len) = declared.filter(|&len| len <= READ_AHEAD_MAX) else {
             let declared = declared.map(|len| len as usize);
             let max = bounds.max_body as usize;
-            return match Held::new(&bounds.budget, declared, max, models.max_growth()) {
+            return match Held::new(&bounds.budget, declared, max, max_growth(endpoint, models)) {
                 Ok(held) => {
                     deadline.limit_next_read(session)?;
                     exchange.body = Body::Held(held, deadline);
@@ -139,11 +140,8 @@ impl Exchange {
         };
         // Pingora's retry-buffer copy, the copy read here, and the changed copy if the policy
         // can change a body; what is not kept is given back once the policy has run.
-        let changed = if models.max_growth() > 0 {
-            len + models.max_growth() as u64
-        } else {
-            0
-        };
+        let growth = max_growth(endpoint, models) as u64;
+        let changed = if growth > 0 { len + growth } else { 0 };
         let Some(reserved) = bounds.budget.reserve(2 * len + changed) else {
             return refuse(exchange, GatewayError::Overloaded);
         };
@@ -189,7 +187,11 @@ impl Exchange {
             Ok(plan) => {
                 // The access log is the name's only reader: only what it shows is copied.
                 self.model = plan.model.map(|m| access_log::model_name(&m).to_owned());
-                Some(plan.edit)
+                self.metered.request_read(body.len(), plan.usage.is_some());
+                Some(match (plan.edit, plan.usage) {
+                    (Some(edit), Some(usage)) => Some(edit.and(usage)),
+                    (edit, usage) => edit.or(usage),
+                })
             }
             Err(e) => {
                 self.error = Some(e);
@@ -198,8 +200,9 @@ impl Exchange {
         }
     }
 
-    /// Framing for the body the upstream will get.
+    /// Framing for the body the upstream will get, and the codings it may answer in.
     pub fn frame_upstream(&self, upstream: &mut RequestHeader) -> Result<()> {
+        self.metered.limit_codings(upstream)?;
         match &self.body {
             Body::Original => {}
             Body::Replaced(body) => {
@@ -265,31 +268,6 @@ impl Exchange {
         (client_too_slow && matches!(self.body, Body::Held(..)))
             .then_some(GatewayError::RequestTimeout)
     }
-
-    /// Starts counting usage for a response, if its encoding can be read.
-    pub fn response_started(&mut self, response: &ResponseHeader, event_stream: bool) {
-        let framing = if event_stream {
-            Framing::EventStream
-        } else {
-            Framing::Json
-        };
-        let encoding = response
-            .headers
-            .get(http::header::CONTENT_ENCODING)
-            .map(|v| v.as_bytes());
-        self.usage = Encoding::from_header(encoding).map(|e| UsageScanner::new(framing, e));
-    }
-
-    /// Reads a response chunk as it passes: the chunk itself is not touched.
-    pub fn response_chunk(&mut self, chunk: &[u8]) {
-        if let Some(scanner) = &mut self.usage {
-            scanner.feed(chunk);
-        }
-    }
-
-    pub fn usage(&self) -> Option<Usage> {
-        self.usage.as_ref().and_then(|s| s.usage())
-    }
 }
 
 impl Deadline {
@@ -324,6 +302,16 @@ async fn read_ahead(session: &mut Session, len: u64, deadline: Deadline) -> Resu
             None => return Ok(all.freeze()),
         }
     }
+}
+
+/// The most bytes the gateway may add to a body of `endpoint`: the model policy's edit, and
+/// `stream_options` on the endpoints that stream.
+fn max_growth(endpoint: Endpoint, models: &Models) -> usize {
+    let usage = match endpoint {
+        Endpoint::Chat | Endpoint::Completions => model_policy::USAGE_MAX_GROWTH,
+        Endpoint::Embeddings => 0,
+    };
+    models.max_growth() + usage
 }
 
 /// A held body that cannot grow, as the error that ends the proxy attempt (`local::failed`

@@ -18,7 +18,8 @@ pub fn access_line(
 ) -> Vec<u8> {
     let req = session.req_header();
     let elapsed = ctx.start.elapsed();
-    let usage = ctx.openai.as_ref().and_then(|x| x.usage());
+    let charged = ctx.openai.as_ref().and_then(|x| x.metered.charged());
+    let usage = charged.map(|c| c.usage);
     Record {
         time: rfc3339_millis(SystemTime::now() - elapsed),
         request_id: ctx.request_id.as_str(),
@@ -43,6 +44,10 @@ pub fn access_line(
             model: ctx.openai.as_ref().and_then(|x| x.model.as_deref()),
             prompt_tokens: usage.and_then(|u| u.prompt_tokens),
             completion_tokens: usage.and_then(|u| u.completion_tokens),
+            reasoning_tokens: usage.and_then(|u| u.reasoning_tokens),
+            cached_tokens: usage.and_then(|u| u.cached_tokens),
+            usage_estimated: charged.is_some_and(|c| c.estimated),
+            owner: ctx.principal.as_ref().and_then(|p| p.owner.as_deref()),
             replica,
         }),
         key_event: None,

@@ -22,7 +22,7 @@ impl Route {
     pub fn all(config: &Config, metrics: &Metrics, replicas: Vec<Arc<Replicas>>) -> Vec<Route> {
         for service in config.services.iter().filter(|s| s.openai.is_some()) {
             // Present from the start at 0, so a rate() over it is defined before the first call.
-            metrics.tokens(&service.name, Some(0), Some(0));
+            metrics.register_tokens(&service.name);
         }
         // One Redis connection for the process, shared by every limited service.
         let limited = (config.services.iter()).any(|s| s.rate_limit_per_minute.is_some());

@@ -15,22 +15,25 @@
 //!   `choices`) or inside a string never does. A key written with escapes is decoded, so
 //!   `"us\u0061ge"` is `usage`.
 //! - The value must be an object (`"usage": null` is ignored). `prompt_tokens` and
-//!   `completion_tokens` are read when they are integers in `0..=u64::MAX` (otherwise that
-//!   field is `None`); other members are ignored. A usage object that is not valid JSON, or is
+//!   `completion_tokens` (or the Responses API's `input_tokens` and `output_tokens`), and
+//!   `cached_tokens` and `reasoning_tokens` in their `_details` objects, are read when they
+//!   are integers in `0..=u64::MAX` (otherwise that field is `None`); other members are
+//!   ignored. A usage object that is not valid JSON, or is
 //!   longer than 4 KiB, is ignored.
 //! - A usage object counts as soon as it closes, even if the rest of its document or event is
 //!   cut off or malformed. The last one seen wins; nothing is summed.
 
+mod object;
 mod scan;
+pub mod strip;
 #[cfg(test)]
 mod tests;
 
-use std::fmt;
 use std::io::{self, Write};
 
 use flate2::write::{DeflateDecoder, GzDecoder, ZlibDecoder};
-use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+use object::parse_usage;
 use scan::{JsonScan, SseScan};
 
 /// How the response body is framed.
@@ -80,8 +83,16 @@ impl Encoding {
 /// non-negative integer (embeddings responses have no `completion_tokens`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
+    /// `prompt_tokens` (`input_tokens` in the Responses API).
     pub prompt_tokens: Option<u64>,
+    /// `completion_tokens` (`output_tokens`).
     pub completion_tokens: Option<u64>,
+    /// `completion_tokens_details.reasoning_tokens` (`output_tokens_details.…`): part of
+    /// the completion tokens.
+    pub reasoning_tokens: Option<u64>,
+    /// `prompt_tokens_details.cached_tokens` (`input_tokens_details.…`): part of the prompt
+    /// tokens.
+    pub cached_tokens: Option<u64>,
 }
 
 /// Reads the token usage of one response body, chunk by chunk, without holding any of it.
@@ -158,6 +169,19 @@ impl UsageScanner {
         }
     }
 
+    /// How many events of an event stream carried a JSON object so far (0 for a JSON body):
+    /// what an estimate of a cut stream counts.
+    pub fn events(&self) -> u64 {
+        match &self.inner {
+            Inner::Identity(sink) => sink.events(),
+            Inner::Gzip(decoder) => decoder.get_ref().events(),
+            Inner::Zlib(decoder) => decoder.get_ref().events(),
+            Inner::RawDeflate(decoder) => decoder.get_ref().events(),
+            Inner::DeflateHead { sink, .. } => sink.events(),
+            Inner::Stopped(_) => 0,
+        }
+    }
+
     /// The usage of the last top-level `usage` object seen so far (None when none seen).
     pub fn usage(&self) -> Option<Usage> {
         match &self.inner {
@@ -221,6 +245,13 @@ impl Sink {
             Sink::EventStream(scan) => scan.usage(),
         }
     }
+
+    fn events(&self) -> u64 {
+        match self {
+            Sink::Json(_) => 0,
+            Sink::EventStream(scan) => scan.events,
+        }
+    }
 }
 
 impl Write for Sink {
@@ -231,121 +262,5 @@ impl Write for Sink {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
-    }
-}
-
-/// Parses a captured `usage` object; `None` when it is not a valid JSON object.
-fn parse_usage(object: &[u8]) -> Option<Usage> {
-    serde_json::from_slice::<UsageObject>(object)
-        .ok()
-        .map(|UsageObject(usage)| usage)
-}
-
-/// A `usage` object as sent: unknown members are skipped without allocating, a duplicated
-/// member takes its last value, and a count that is not a non-negative integer is `None`.
-struct UsageObject(Usage);
-
-impl<'de> Deserialize<'de> for UsageObject {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ObjectVisitor;
-        impl<'de> Visitor<'de> for ObjectVisitor {
-            type Value = UsageObject;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a usage object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UsageObject, A::Error> {
-                let mut usage = Usage::default();
-                while let Some(member) = map.next_key::<Member>()? {
-                    match member {
-                        Member::PromptTokens => usage.prompt_tokens = map.next_value::<Count>()?.0,
-                        Member::CompletionTokens => {
-                            usage.completion_tokens = map.next_value::<Count>()?.0
-                        }
-                        Member::Other => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                Ok(UsageObject(usage))
-            }
-        }
-        deserializer.deserialize_map(ObjectVisitor)
-    }
-}
-
-enum Member {
-    PromptTokens,
-    CompletionTokens,
-    Other,
-}
-
-impl<'de> Deserialize<'de> for Member {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct MemberVisitor;
-        impl Visitor<'_> for MemberVisitor {
-            type Value = Member;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a member name")
-            }
-            fn visit_str<E: de::Error>(self, name: &str) -> Result<Member, E> {
-                Ok(match name {
-                    "prompt_tokens" => Member::PromptTokens,
-                    "completion_tokens" => Member::CompletionTokens,
-                    _ => Member::Other,
-                })
-            }
-        }
-        deserializer.deserialize_identifier(MemberVisitor)
-    }
-}
-
-/// A token count: `Some` only for an integer in `0..=u64::MAX`; any other value is `None`.
-struct Count(Option<u64>);
-
-impl<'de> Deserialize<'de> for Count {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct CountVisitor;
-        impl<'de> Visitor<'de> for CountVisitor {
-            type Value = Count;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Count, E> {
-                Ok(Count(Some(n)))
-            }
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Count, E> {
-                Ok(Count(u64::try_from(n).ok()))
-            }
-            fn visit_u128<E: de::Error>(self, n: u128) -> Result<Count, E> {
-                Ok(Count(u64::try_from(n).ok()))
-            }
-            fn visit_i128<E: de::Error>(self, n: i128) -> Result<Count, E> {
-                Ok(Count(u64::try_from(n).ok()))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Count, E> {
-                Ok(Count(None))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Count, E> {
-                Ok(Count(None))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Count, E> {
-                Ok(Count(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Count, E> {
-                Ok(Count(None))
-            }
-            fn visit_none<E: de::Error>(self) -> Result<Count, E> {
-                Ok(Count(None))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Count, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Count(None))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Count, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Count(None))
-            }
-        }
-        deserializer.deserialize_any(CountVisitor)
     }
 }

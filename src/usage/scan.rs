@@ -74,6 +74,8 @@ pub(super) struct JsonScan {
     capture: Vec<u8>,
     /// The last usage object seen (in this document or an earlier one: survives `reset`).
     usage: Option<Usage>,
+    /// This document began with `{`.
+    object: bool,
 }
 
 impl JsonScan {
@@ -91,11 +93,17 @@ impl JsonScan {
             overflow: false,
             capture: Vec::new(),
             usage: None,
+            object: false,
         }
     }
 
     pub(super) fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// Whether the document began with `{`.
+    pub(super) fn began_object(&self) -> bool {
+        self.object
     }
 
     /// Starts a new document (the next event of an event stream); keeps the usage seen.
@@ -107,6 +115,7 @@ impl JsonScan {
         self.capturing = false;
         self.overflow = false;
         self.capture.clear();
+        self.object = false;
     }
 
     /// The next bytes of the document.
@@ -130,7 +139,10 @@ impl JsonScan {
         let space = matches!(byte, b' ' | b'\t' | b'\n' | b'\r');
         self.state = match (self.state, byte) {
             (state, _) if space && state != State::Scalar => state,
-            (State::Start, b'{') => State::FirstKey,
+            (State::Start, b'{') => {
+                self.object = true;
+                State::FirstKey
+            }
             (State::FirstKey | State::NextKey, b'"') => {
                 self.key_len = 0;
                 self.key_escaped = false;
@@ -366,6 +378,8 @@ pub(super) struct SseScan {
     /// The current event already has a data line (the next one is joined with an LF).
     has_data: bool,
     json: JsonScan,
+    /// Events whose data began a JSON object (`[DONE]` and other text not counted).
+    pub(super) events: u64,
 }
 
 impl SseScan {
@@ -375,6 +389,7 @@ impl SseScan {
             after_cr: false,
             has_data: false,
             json: JsonScan::new(),
+            events: 0,
         }
     }
 
@@ -480,6 +495,9 @@ impl SseScan {
 
     /// A blank line: the event ends, the next data starts a new document.
     fn dispatch(&mut self) {
+        if self.has_data && self.json.began_object() {
+            self.events += 1;
+        }
         self.has_data = false;
         self.json.reset();
     }

@@ -10,6 +10,16 @@ fn tokens(prompt: Option<u64>, completion: Option<u64>) -> Option<Usage> {
     Some(Usage {
         prompt_tokens: prompt,
         completion_tokens: completion,
+        ..Usage::default()
+    })
+}
+
+/// `CHAT`'s usage, its details included.
+fn chat_usage() -> Option<Usage> {
+    Some(Usage {
+        reasoning_tokens: Some(2),
+        cached_tokens: Some(4),
+        ..tokens(Some(13), Some(7)).unwrap()
     })
 }
 
@@ -67,8 +77,8 @@ const CHAT: &str = r#"{
     "prompt_tokens": 13,
     "completion_tokens": 7,
     "total_tokens": 20,
-    "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
-    "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": 0}
+    "prompt_tokens_details": {"cached_tokens": 4, "audio_tokens": 0},
+    "completion_tokens_details": {"reasoning_tokens": 2, "accepted_prediction_tokens": 0}
   },
   "system_fingerprint": "fp_44709d6fcb"
 }"#;
@@ -104,8 +114,32 @@ const MIXED_SSE: &str = concat!(
 );
 
 #[test]
+fn either_apis_names_are_read_and_the_chat_names_win() {
+    let responses = r#"{"usage":{"input_tokens":3,"output_tokens":4,"input_tokens_details":{"cached_tokens":1},"output_tokens_details":{"reasoning_tokens":2}}}"#;
+    let want = Usage {
+        prompt_tokens: Some(3),
+        completion_tokens: Some(4),
+        reasoning_tokens: Some(2),
+        cached_tokens: Some(1),
+    };
+    assert_eq!(json(responses), Some(want));
+    let both = r#"{"usage":{"prompt_tokens":5,"input_tokens":3,"completion_tokens_details":7,"output_tokens_details":{"reasoning_tokens":2}}}"#;
+    let want = Usage {
+        prompt_tokens: Some(5),
+        completion_tokens: None,
+        reasoning_tokens: None,
+        cached_tokens: None,
+    };
+    assert_eq!(
+        json(both),
+        Some(want),
+        "a details member that is not an object counts none"
+    );
+}
+
+#[test]
 fn json_chat_response() {
-    assert_eq!(json(CHAT), tokens(Some(13), Some(7)));
+    assert_eq!(json(CHAT), chat_usage());
 }
 
 #[test]
@@ -433,7 +467,7 @@ fn raw_deflate(data: &[u8]) -> Vec<u8> {
 #[test]
 fn compressed_bodies_in_small_chunks() {
     let bodies = [
-        (Framing::Json, CHAT.as_bytes(), tokens(Some(13), Some(7))),
+        (Framing::Json, CHAT.as_bytes(), chat_usage()),
         (
             Framing::EventStream,
             OPENAI_SSE.as_bytes(),
@@ -660,10 +694,7 @@ fn truncated_streams_give_a_prefix_result() {
     }
     for cut in 0..=CHAT.len() {
         let usage = json(&CHAT[..cut]);
-        assert!(
-            usage.is_none() || usage == tokens(Some(13), Some(7)),
-            "cut at {cut}"
-        );
+        assert!(usage.is_none() || usage == chat_usage(), "cut at {cut}");
     }
     let bytes = MIXED_SSE.as_bytes();
     for cut in 0..=bytes.len() {

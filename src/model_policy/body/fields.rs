@@ -1,5 +1,5 @@
 //! The shapes of the members the gateway reads: `stream`, `messages` and each message, its
-//! role and content parts, and the embeddings `input`.
+//! role and content parts, the embeddings `input` and the completions `prompt`.
 
 use serde::de::{self, MapAccess, SeqAccess};
 
@@ -8,8 +8,9 @@ use super::{first_time, Check, Problem, Shape, Skip, Text};
 /// `stream`: optional, so `null` stands for absent, as the OpenAI API reads it.
 pub(super) struct Stream<'p>(pub(super) &'p Problem);
 
+/// Its value: whether the response is streamed.
 impl<'de> Shape<'de> for Stream<'_> {
-    type Value = ();
+    type Value = bool;
 
     fn problem(&self) -> &Problem {
         self.0
@@ -17,7 +18,56 @@ impl<'de> Shape<'de> for Stream<'_> {
     fn wrong_type(&self) -> String {
         "stream must be a boolean".into()
     }
-    fn boolean<E: de::Error>(self) -> Result<(), E> {
+    fn boolean<E: de::Error>(self, value: bool) -> Result<bool, E> {
+        Ok(value)
+    }
+    fn null<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+}
+
+/// `stream_options`: an object (or `null`) whose `include_usage`, when present, is a boolean
+/// (or `null`).
+pub(super) struct StreamOptions<'p>(pub(super) &'p Problem);
+
+impl<'de> Shape<'de> for StreamOptions<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        "stream_options must be an object".into()
+    }
+    fn null<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = false;
+        while let Some(Text(key)) = map.next_key()? {
+            if key == "include_usage" {
+                first_time(&mut seen, self.0, || "stream_options.include_usage".into())?;
+                map.next_value_seed(Check(IncludeUsage(self.0)))?;
+            } else {
+                map.next_value_seed(Skip)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct IncludeUsage<'p>(&'p Problem);
+
+impl<'de> Shape<'de> for IncludeUsage<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        "stream_options.include_usage must be a boolean".into()
+    }
+    fn boolean<E: de::Error>(self, _: bool) -> Result<(), E> {
         Ok(())
     }
     fn null<E: de::Error>(self) -> Result<(), E> {
@@ -176,11 +226,19 @@ impl<'de> Shape<'de> for Part<'_> {
     }
 }
 
-const INPUT: &str = "input must be a string, an array of strings, an array of integers or an \
-                     array of integer arrays";
+/// The embeddings `input` or the completions `prompt` (`Input::field`): the same shapes.
+pub(super) struct Input<'p> {
+    pub(super) problem: &'p Problem,
+    pub(super) field: &'static str,
+}
 
-/// `input` of an embeddings request.
-pub(super) struct Input<'p>(pub(super) &'p Problem);
+/// What is wrong with an `input` or `prompt` of another shape.
+fn input_shape(field: &str) -> String {
+    format!(
+        "{field} must be a string, an array of strings, an array of integers or an array of \
+         integer arrays"
+    )
+}
 
 /// What an element of `input` is: all elements must be of one kind.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -194,17 +252,18 @@ impl<'de> Shape<'de> for Input<'_> {
     type Value = ();
 
     fn problem(&self) -> &Problem {
-        self.0
+        self.problem
     }
     fn wrong_type(&self) -> String {
-        INPUT.into()
+        input_shape(self.field)
     }
     fn string<E: de::Error>(self) -> Result<(), E> {
         Ok(())
     }
     fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut first = None;
-        while let Some(kind) = seq.next_element_seed(Check(InputItem(self.0)))? {
+        let item = || Check(InputItem(self.problem, self.field));
+        while let Some(kind) = seq.next_element_seed(item())? {
             if *first.get_or_insert(kind) != kind {
                 return Err(self.refuse());
             }
@@ -213,8 +272,8 @@ impl<'de> Shape<'de> for Input<'_> {
     }
 }
 
-/// An element of `input`.
-struct InputItem<'p>(&'p Problem);
+/// An element of `input` or `prompt`.
+struct InputItem<'p>(&'p Problem, &'static str);
 
 impl<'de> Shape<'de> for InputItem<'_> {
     type Value = Item;
@@ -223,7 +282,7 @@ impl<'de> Shape<'de> for InputItem<'_> {
         self.0
     }
     fn wrong_type(&self) -> String {
-        INPUT.into()
+        input_shape(self.1)
     }
     fn string<E: de::Error>(self) -> Result<Item, E> {
         Ok(Item::String)
@@ -232,13 +291,16 @@ impl<'de> Shape<'de> for InputItem<'_> {
         Ok(Item::Integer)
     }
     fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Item, A::Error> {
-        while seq.next_element_seed(Check(Token(self.0)))?.is_some() {}
+        while seq
+            .next_element_seed(Check(Token(self.0, self.1)))?
+            .is_some()
+        {}
         Ok(Item::Integers)
     }
 }
 
-/// An element of an integer array inside `input`.
-struct Token<'p>(&'p Problem);
+/// An element of an integer array inside `input` or `prompt`.
+struct Token<'p>(&'p Problem, &'static str);
 
 impl<'de> Shape<'de> for Token<'_> {
     type Value = ();
@@ -247,7 +309,7 @@ impl<'de> Shape<'de> for Token<'_> {
         self.0
     }
     fn wrong_type(&self) -> String {
-        INPUT.into()
+        input_shape(self.1)
     }
     fn integer<E: de::Error>(self) -> Result<(), E> {
         Ok(())

@@ -15,7 +15,12 @@ use super::{BodyError, Endpoint};
 
 mod fields;
 
-use fields::{Input, Messages, Stream};
+use fields::{Input, Messages, Stream, StreamOptions};
+
+/// The endpoints with a streamed variant, where `stream` and `stream_options` are read.
+fn streams(endpoint: Endpoint) -> bool {
+    matches!(endpoint, Endpoint::Chat | Endpoint::Completions)
+}
 
 /// The top-level `model` of a body.
 #[derive(Debug)]
@@ -26,8 +31,18 @@ pub(super) struct Model<'a> {
     pub name: Option<Cow<'a, str>>,
 }
 
-/// Checks `body` and returns its `model`, if it has one.
-pub(super) fn scan(endpoint: Endpoint, body: &[u8]) -> Result<Option<Model<'_>>, BodyError> {
+/// What a valid body holds that the gateway acts on.
+#[derive(Debug, Default)]
+pub(super) struct Scanned<'a> {
+    pub model: Option<Model<'a>>,
+    /// `"stream": true`.
+    pub stream: bool,
+    /// A `stream_options` member (chat and completions), found valid.
+    pub stream_options: bool,
+}
+
+/// Checks `body` and returns what it holds.
+pub(super) fn scan(endpoint: Endpoint, body: &[u8]) -> Result<Scanned<'_>, BodyError> {
     // serde_json skips the strings it ignores without checking their UTF-8, so check it all
     // first (fast, and `from_str` then skips the per-string check).
     let text = std::str::from_utf8(body).map_err(|e| {
@@ -104,7 +119,7 @@ trait Shape<'de>: Sized {
     fn float<E: de::Error>(self) -> Result<Self::Value, E> {
         Err(self.refuse())
     }
-    fn boolean<E: de::Error>(self) -> Result<Self::Value, E> {
+    fn boolean<E: de::Error>(self, _value: bool) -> Result<Self::Value, E> {
         Err(self.refuse())
     }
     fn null<E: de::Error>(self) -> Result<Self::Value, E> {
@@ -135,8 +150,8 @@ impl<'de, S: Shape<'de>> Visitor<'de> for Check<S> {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str(&self.0.wrong_type())
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<S::Value, E> {
-        self.0.boolean()
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<S::Value, E> {
+        self.0.boolean(value)
     }
     fn visit_i64<E: de::Error>(self, _: i64) -> Result<S::Value, E> {
         self.0.integer()
@@ -250,7 +265,7 @@ struct Top<'p> {
 }
 
 impl<'de> Shape<'de> for Top<'_> {
-    type Value = Option<Model<'de>>;
+    type Value = Scanned<'de>;
 
     fn problem(&self) -> &Problem {
         self.problem
@@ -261,14 +276,15 @@ impl<'de> Shape<'de> for Top<'_> {
 
     fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let p = self.problem;
-        let mut model = None;
+        let mut found = Scanned::default();
         let (mut seen_model, mut messages, mut stream, mut input) = (false, false, false, false);
+        let (mut options, mut prompt_embeds) = (false, false);
         while let Some(Text(key)) = map.next_key()? {
             match (key.as_ref(), self.endpoint) {
                 ("model", _) => {
                     first_time(&mut seen_model, p, || "model".into())?;
                     let token: &'de RawValue = map.next_value()?;
-                    model = Some(
+                    found.model = Some(
                         model_of(token.get())
                             .ok_or_else(|| p.raise::<A::Error>("model must be a string"))?,
                     );
@@ -277,13 +293,29 @@ impl<'de> Shape<'de> for Top<'_> {
                     first_time(&mut messages, p, || "messages".into())?;
                     map.next_value_seed(Check(Messages(p)))?;
                 }
-                ("stream", Endpoint::Chat) => {
+                ("stream", e) if streams(e) => {
                     first_time(&mut stream, p, || "stream".into())?;
-                    map.next_value_seed(Check(Stream(p)))?;
+                    found.stream = map.next_value_seed(Check(Stream(p)))?;
+                }
+                ("stream_options", e) if streams(e) => {
+                    first_time(&mut options, p, || "stream_options".into())?;
+                    map.next_value_seed(Check(StreamOptions(p)))?;
+                    found.stream_options = true;
                 }
                 ("input", Endpoint::Embeddings) => {
                     first_time(&mut input, p, || "input".into())?;
-                    map.next_value_seed(Check(Input(p)))?;
+                    let field = "input";
+                    map.next_value_seed(Check(Input { problem: p, field }))?;
+                }
+                ("prompt", Endpoint::Completions) => {
+                    first_time(&mut input, p, || "prompt".into())?;
+                    let field = "prompt";
+                    map.next_value_seed(Check(Input { problem: p, field }))?;
+                }
+                // vLLM takes prompt embeddings instead of a prompt.
+                ("prompt_embeds", Endpoint::Completions) => {
+                    prompt_embeds = true;
+                    map.next_value_seed(Skip)?;
                 }
                 _ => {
                     map.next_value_seed(Skip)?;
@@ -293,9 +325,38 @@ impl<'de> Shape<'de> for Top<'_> {
         match self.endpoint {
             Endpoint::Chat if !messages => Err(p.raise("messages is required")),
             Endpoint::Embeddings if !input => Err(p.raise("input is required")),
-            _ => Ok(model),
+            Endpoint::Completions if !input && !prompt_embeds => Err(p.raise("prompt is required")),
+            _ => Ok(found),
         }
     }
+}
+
+/// The token of the top-level member `name` of a body `scan` found valid (its key compared
+/// unescaped, as `scan` does); a second pass, for the rare member whose place is needed.
+pub(super) fn member<'a>(body: &'a [u8], name: &str) -> Option<&'a str> {
+    struct Find<'n>(&'n str);
+    impl<'de> Visitor<'de> for Find<'_> {
+        type Value = Option<&'de str>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(Text(key)) = map.next_key()? {
+                if key == self.0 {
+                    found = Some(map.next_value::<&'de RawValue>()?.get());
+                } else {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+    }
+    let text = std::str::from_utf8(body).ok()?;
+    serde_json::Deserializer::from_str(text)
+        .deserialize_map(Find(name))
+        .ok()
+        .flatten()
 }
 
 /// The model in a JSON token that serde_json has already checked, if it is a string or null

@@ -1,0 +1,142 @@
+//! Which requests have their bodies read: matched the way the servers behind the gateway
+//! route, so that no spelling of an endpoint slips past the policy and the meter.
+//!
+//! uvicorn/Starlette and Go's net/http route the percent-decoded path, and some servers take
+//! `/chat/completions/` or `/chat/completions;x=1` for `/chat/completions` too. So the path is
+//! compared after decoding percent-escapes, dropping `;` parameters from each segment and
+//! trailing slashes, ignoring ASCII case: matching more spellings than a server accepts only
+//! means a body is checked that the server would have refused anyway. The bytes forwarded are
+//! never changed. (Encoded slashes, backslashes and dot segments never get here: the router
+//! refuses them.)
+
+/// The requests whose bodies the gateway reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    /// Text completions (`/completions`).
+    Completions,
+    Embeddings,
+}
+
+const ENDPOINTS: [(&[u8], Endpoint); 3] = [
+    (b"/chat/completions", Endpoint::Chat),
+    (b"/completions", Endpoint::Completions),
+    (b"/embeddings", Endpoint::Embeddings),
+];
+
+impl Endpoint {
+    /// A POST whose path (the part before any '?') ends in one of the endpoints, however it
+    /// is spelt; anything else is not read.
+    pub fn of(method: &http::Method, forwarded_path: &[u8]) -> Option<Endpoint> {
+        if method != http::Method::POST {
+            return None;
+        }
+        let path = match forwarded_path.iter().position(|&b| b == b'?') {
+            Some(query) => &forwarded_path[..query],
+            None => forwarded_path,
+        };
+        // Most requests spell the endpoint plainly: no copy then.
+        if !path.iter().any(|&b| b == b'%' || b == b';') {
+            return matching(path);
+        }
+        matching(&normalized(path))
+    }
+}
+
+/// The endpoint `path` names, compared without case and without trailing slashes.
+fn matching(path: &[u8]) -> Option<Endpoint> {
+    let end = path.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
+    let path = &path[..end];
+    // `/chat/completions` is tried before `/completions`, which it ends with.
+    ENDPOINTS.iter().find_map(|&(suffix, endpoint)| {
+        let tail = path.len().checked_sub(suffix.len())?;
+        path[tail..]
+            .eq_ignore_ascii_case(suffix)
+            .then_some(endpoint)
+    })
+}
+
+/// `path` with its percent-escapes decoded and each segment's `;` parameters dropped.
+fn normalized(path: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.len());
+    let mut params = false;
+    let mut i = 0;
+    while i < path.len() {
+        let byte = match path[i] {
+            b'%' => match path.get(i + 1..i + 3).and_then(hex_pair) {
+                Some(decoded) => {
+                    i += 2;
+                    decoded
+                }
+                None => b'%',
+            },
+            other => other,
+        };
+        i += 1;
+        // A `;` decoded from `%3B` is data to the server, not a parameter.
+        let literal_semicolon = byte == b';' && path[i - 1] == b';';
+        if byte == b'/' {
+            params = false;
+        } else if literal_semicolon {
+            params = true;
+        }
+        if !params {
+            out.push(byte);
+        }
+    }
+    out
+}
+
+fn hex_pair(pair: &[u8]) -> Option<u8> {
+    let digit = |b: u8| (b as char).to_digit(16);
+    Some((digit(pair[0])? * 16 + digit(pair[1])?) as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(path: &str) -> Option<Endpoint> {
+        Endpoint::of(&http::Method::POST, path.as_bytes())
+    }
+
+    #[test]
+    fn every_spelling_of_an_endpoint_is_read() {
+        for path in [
+            "/v1/chat/completions",
+            "/v1/chat/%63ompletions",
+            "/v1/%63%68at/completions?x=1",
+            "/v1/chat/completions/",
+            "/v1/chat/completions//",
+            "/v1/chat/completions;jsessionid=1",
+            "/v1/chat;a=b/completions",
+            "/v1/Chat/Completions",
+            "/v1/chat/completions%2F",
+        ] {
+            assert_eq!(of(path), Some(Endpoint::Chat), "{path}");
+        }
+        assert_eq!(of("/v1/completions"), Some(Endpoint::Completions));
+        assert_eq!(of("/v1/%63ompletions/"), Some(Endpoint::Completions));
+        assert_eq!(of("/v1/embedding%73"), Some(Endpoint::Embeddings));
+    }
+
+    #[test]
+    fn other_paths_and_methods_are_not_read() {
+        for path in [
+            "/v1/models",
+            "/v1/chat/completions/x",
+            "/v1/chat/completions%3Bx",
+            "/v1/chat/completions%20",
+            "/v1/completionsx",
+            "/v1/embeddings%",
+            "/v1/embeddings%zz",
+            "/v1/x?/chat/completions",
+        ] {
+            assert_eq!(of(path), None, "{path}");
+        }
+        assert_eq!(
+            Endpoint::of(&http::Method::GET, b"/v1/chat/completions"),
+            None
+        );
+    }
+}

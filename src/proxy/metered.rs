@@ -1,0 +1,201 @@
+//! Metering one exchange on an endpoint the gateway reads, so that no client can make its
+//! usage go unread:
+//! - the upstream may only answer in codings the usage scanner decodes (`limit_codings`);
+//! - a streamed request that did not ask for its usage was made to (the model policy's
+//!   `stream_options` edit), and what that adds is taken out of the client's stream here;
+//! - a stream that ends without a usage report is charged an estimate (`settle`).
+
+use bytes::Bytes;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::Result;
+
+use crate::usage::strip::UsageStripper;
+use crate::usage::{Encoding, Framing, Usage, UsageScanner};
+
+/// What an exchange was charged, once it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charged {
+    pub usage: Usage,
+    /// Estimated: the stream ended without a usage report.
+    pub estimated: bool,
+}
+
+#[derive(Default)]
+pub struct Metered {
+    /// Request body bytes, for the estimate of a stream's prompt.
+    request_bytes: usize,
+    /// The gateway turned `include_usage` on: what it adds is removed from the stream.
+    adds_usage: bool,
+    /// None before the response, or when its coding cannot be read.
+    scanner: Option<UsageScanner>,
+    /// The response arrived in a coding the scanner does not read.
+    unreadable: bool,
+    event_stream: bool,
+    strip: Option<UsageStripper>,
+    charged: Option<Charged>,
+}
+
+impl Metered {
+    /// The request body as it was checked: its size, and whether the gateway asked for the
+    /// usage the client did not.
+    pub fn request_read(&mut self, body_len: usize, adds_usage: bool) {
+        self.request_bytes = body_len;
+        self.adds_usage = adds_usage;
+    }
+
+    /// The upstream's `Accept-Encoding`: only codings the scanner decodes, of those the client
+    /// accepts (`identity` when none). A stream the gateway takes usage out of stays
+    /// uncompressed, as it must be edited.
+    pub fn limit_codings(&self, upstream: &mut RequestHeader) -> Result<()> {
+        let codings = if self.adds_usage {
+            "identity"
+        } else {
+            let client = upstream.headers.get(http::header::ACCEPT_ENCODING);
+            readable_codings(client.map(|v| v.as_bytes()))
+        };
+        upstream.insert_header(http::header::ACCEPT_ENCODING, codings)?;
+        Ok(())
+    }
+
+    /// Starts reading the response, if its coding can be read.
+    pub fn response_started(&mut self, response: &ResponseHeader, event_stream: bool) {
+        let framing = if event_stream {
+            Framing::EventStream
+        } else {
+            Framing::Json
+        };
+        let coding = response.headers.get(http::header::CONTENT_ENCODING);
+        let encoding = Encoding::from_header(coding.map(|v| v.as_bytes()));
+        self.scanner = encoding.map(|e| UsageScanner::new(framing, e));
+        self.unreadable = encoding.is_none();
+        self.event_stream = event_stream;
+        self.strip = (self.adds_usage && event_stream && encoding == Some(Encoding::Identity))
+            .then(UsageStripper::new);
+    }
+
+    /// Reads a response chunk as it passes; on a stream where the gateway asked for usage,
+    /// what that added is taken out.
+    pub fn response_chunk(&mut self, body: &mut Option<Bytes>, end_of_stream: bool) {
+        if let (Some(scanner), Some(chunk)) = (&mut self.scanner, body.as_ref()) {
+            scanner.feed(chunk);
+        }
+        let Some(strip) = &mut self.strip else {
+            return;
+        };
+        if let Some(chunk) = body.take() {
+            *body = Some(strip.filter(chunk));
+        }
+        if end_of_stream {
+            let rest = strip.finish();
+            if !rest.is_empty() {
+                *body = Some(match body.take() {
+                    Some(last) if !last.is_empty() => [last, rest].concat().into(),
+                    _ => rest,
+                });
+            }
+        }
+    }
+
+    /// Settles the charge once the exchange is over: `status` as sent to the client, `cut`
+    /// when the exchange ended in an error (the client left, the upstream failed). Returns
+    /// why a successful response's usage was not read, if it was not.
+    ///
+    /// A stream without a usage report is charged an estimate: one completion token per
+    /// streamed event that carried a JSON object (OpenAI-compatible servers stream a token
+    /// per chunk), and a prompt of a token per 4 bytes of the request body.
+    pub fn settle(&mut self, status: u16, cut: bool) -> Option<&'static str> {
+        let read = self.scanner.as_ref().and_then(UsageScanner::usage);
+        if let Some(usage) = read {
+            self.charged = Some(Charged {
+                usage,
+                estimated: false,
+            });
+            return None;
+        }
+        if !(200..300).contains(&status) {
+            return None;
+        }
+        if self.unreadable {
+            return Some("encoding");
+        }
+        let scanner = self.scanner.as_ref()?;
+        if !self.event_stream {
+            return Some("missing");
+        }
+        self.charged = Some(Charged {
+            usage: Usage {
+                prompt_tokens: Some(self.request_bytes.div_ceil(4) as u64),
+                completion_tokens: Some(scanner.events()),
+                reasoning_tokens: None,
+                cached_tokens: None,
+            },
+            estimated: true,
+        });
+        Some(if cut { "abandoned" } else { "missing" })
+    }
+
+    /// What the exchange was charged, once settled.
+    pub fn charged(&self) -> Option<&Charged> {
+        self.charged.as_ref()
+    }
+}
+
+/// The codings of a client's `Accept-Encoding` that the scanner reads (gzip, deflate), as
+/// the value sent upstream; `identity` when it accepts neither or sent none (no header would
+/// let the upstream pick any coding).
+fn readable_codings(client: Option<&[u8]>) -> &'static str {
+    let (mut gzip, mut deflate) = (false, false);
+    for item in client.unwrap_or_default().split(|&b| b == b',') {
+        let mut parts = item.split(|&b| b == b';');
+        let coding = parts.next().unwrap_or_default().trim_ascii();
+        let refused = parts.any(|p| {
+            let p = p.trim_ascii();
+            p.len() > 2
+                && p[..2].eq_ignore_ascii_case(b"q=")
+                && std::str::from_utf8(&p[2..])
+                    .ok()
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+        });
+        if refused {
+            continue;
+        }
+        let is = |name: &[u8]| coding.eq_ignore_ascii_case(name);
+        gzip |= is(b"gzip") || is(b"x-gzip") || is(b"*");
+        deflate |= is(b"deflate") || is(b"*");
+    }
+    match (gzip, deflate) {
+        (true, true) => "gzip, deflate",
+        (true, false) => "gzip",
+        (false, true) => "deflate",
+        (false, false) => "identity",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::readable_codings;
+
+    #[test]
+    fn the_upstream_may_answer_only_in_codings_the_scanner_reads() {
+        for (client, upstream) in [
+            (None, "identity"),
+            (Some("zstd"), "identity"),
+            (Some("br, zstd"), "identity"),
+            (Some("gzip, deflate, br, zstd"), "gzip, deflate"),
+            (Some("br;q=1.0, gzip;q=0.5"), "gzip"),
+            (Some("GZIP"), "gzip"),
+            (Some("gzip;q=0, deflate"), "deflate"),
+            (Some("gzip; q=0.000"), "identity"),
+            (Some("*"), "gzip, deflate"),
+            (Some("identity"), "identity"),
+            (Some(""), "identity"),
+        ] {
+            assert_eq!(
+                readable_codings(client.map(str::as_bytes)),
+                upstream,
+                "{client:?}"
+            );
+        }
+    }
+}
