@@ -95,21 +95,25 @@ fn the_access_log_has_a_line_per_request_and_no_secret() {
             "auth_failure",
             "bytes_in",
             "bytes_out",
+            "cached_tokens",
             "client",
             "completion_tokens",
             "duration_ms",
             "method",
             "model",
+            "owner",
             "path",
             "principal_id",
             "principal_kind",
             "prompt_tokens",
+            "reasoning_tokens",
             "replica",
             "request_id",
             "service",
             "status",
             "time",
-            "upstream_ttfb_ms"
+            "upstream_ttfb_ms",
+            "usage_estimated"
         ]
     );
     assert_eq!(ok["method"], "POST");
@@ -123,6 +127,7 @@ fn the_access_log_has_a_line_per_request_and_no_secret() {
     assert_eq!(ok["client"], "127.0.0.1");
     assert_eq!(ok["replica"], format!("127.0.0.1:{}", up.port));
     assert!(ok["auth_failure"].is_null());
+    assert_eq!(ok["usage_estimated"], false);
     assert!(ok["upstream_ttfb_ms"].as_f64().unwrap() <= ok["duration_ms"].as_f64().unwrap());
     let time = ok["time"].as_str().unwrap();
     assert!(

@@ -463,12 +463,11 @@ async fn usage_is_counted_from_json_and_from_streams_split_across_segments() {
 }
 
 /// When each chunk of a stream arrives, relative to the first.
-async fn arrivals(gw: &Gateway, key: &str, path: &str) -> Vec<Duration> {
-    let body = br#"{"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+async fn arrivals(gw: &Gateway, key: &str, path: &str, body: &'static [u8]) -> Vec<Duration> {
     let mut resp = testkit::client()
         .post(gw.url(path))
         .bearer_auth(key)
-        .body(&body[..])
+        .body(body)
         .send()
         .await
         .unwrap();
@@ -489,8 +488,11 @@ async fn usage_accounting_never_holds_back_a_stream() {
     let up = Upstream::start();
     let (gw, key) = gateway(&up);
     let query = "?n=4&gap_ms=300&split_ms=300";
-    let on = arrivals(&gw, &key, &format!("{CHATX}{query}")).await;
-    let off = arrivals(&gw, &key, &format!("/v1/plain/v1/chat/completions{query}")).await;
+    let plain = br#"{"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let asks = br#"{"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
+    let chat = format!("{CHATX}{query}");
+    let on = arrivals(&gw, &key, &chat, asks).await;
+    let off = arrivals(&gw, &key, &format!("/v1/plain/v1/chat/completions{query}"), asks).await;
     // 4 chunks, the usage event (in two segments 300 ms apart) and [DONE], each 300 ms after
     // the one before: each must arrive on its own, about when it was sent, accounting on or off.
     for times in [&on, &off] {
@@ -505,4 +507,12 @@ async fn usage_accounting_never_holds_back_a_stream() {
             .filter(|w| w[1] - w[0] >= Duration::from_millis(150));
         assert!(spread.count() >= 5, "chunks were held back: {times:?}");
     }
+    // A client that did not ask for usage: the gateway asked, and takes the usage event out;
+    // the 4 chunks and [DONE] still come each on its own.
+    let taken_out = arrivals(&gw, &key, &chat, plain).await;
+    assert!(taken_out.len() >= 5, "{taken_out:?}");
+    let spread = taken_out
+        .windows(2)
+        .filter(|w| w[1] - w[0] >= Duration::from_millis(150));
+    assert!(spread.count() >= 4, "chunks were held back: {taken_out:?}");
 }
