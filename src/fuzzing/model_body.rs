@@ -117,7 +117,52 @@ pub fn model_body(data: &[u8]) {
             None => assert_eq!(model, Some(expected), "an alias or default not applied"),
             Some(new) => assert_rewrite(data, value, new, expected),
         }
+        assert_usage_asked(endpoint, data, value, &policy, expected);
     }
+}
+
+/// A streamed chat or completions body that does not ask for its usage is made to, and the
+/// body the upstream gets (both edits made, copied or in place) means the original with
+/// `stream_options.include_usage` true and the policy's model; any other body gets no edit.
+fn assert_usage_asked(
+    endpoint: Endpoint,
+    data: &[u8],
+    value: &Value,
+    policy: &Models,
+    model: &str,
+) {
+    let plan = model_policy::plan(endpoint, data, policy).expect("accepted above");
+    let streamed = value.get("stream") == Some(&Value::Bool(true));
+    let asks = value
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        == Some(&Value::Bool(true));
+    let wanted_edit = streamed && !asks && endpoint != Endpoint::Embeddings;
+    assert_eq!(
+        plan.usage.is_some(),
+        wanted_edit,
+        "{endpoint:?}: include_usage"
+    );
+    let Some(usage) = plan.usage else {
+        return;
+    };
+    let edit = match plan.edit {
+        Some(edit) => edit.and(usage),
+        None => usage,
+    };
+    let new = edit.applied_to(data);
+    let mut in_place = data.to_vec();
+    in_place.reserve_exact(edit.growth());
+    edit.apply_in_place(&mut in_place);
+    assert_eq!(in_place, new, "in place and copied differ");
+    let mut wanted = value.clone();
+    wanted["model"] = Value::from(model);
+    if !wanted["stream_options"].is_object() {
+        wanted["stream_options"] = Value::Object(Default::default());
+    }
+    wanted["stream_options"]["include_usage"] = Value::Bool(true);
+    let got: Value = serde_json::from_slice(&new).expect("the edited body is JSON");
+    assert_eq!(got, wanted, "the edited body means something else");
 }
 
 /// A refusal is one line of the fixed vocabulary; "not valid JSON" only when serde_json

@@ -5,6 +5,9 @@ use std::io::Write;
 use flate2::write::{DeflateEncoder, GzEncoder, ZlibEncoder};
 use serde_json::Value;
 
+use bytes::Bytes;
+
+use crate::usage::strip::UsageStripper;
 use crate::usage::{Encoding, Framing, Usage, UsageScanner};
 
 use super::model_body::top_level_members;
@@ -12,7 +15,8 @@ use super::model_body::top_level_members;
 /// Largest `usage` object the scanner reads (its documented 4 KiB).
 const USAGE_CAP: usize = 4096;
 
-/// `UsageScanner` on an arbitrary response body: the chunking never changes the usage (whole,
+/// `UsageScanner` on an arbitrary response body (and `UsageStripper` on it as an event
+/// stream, see `strip_invariants`): the chunking never changes the usage (whole,
 /// cut once where the first byte says, a byte at a time, chunk sizes drawn from the data),
 /// nor does compressing the body; where serde_json can read the body, the usage is the one it
 /// finds; and the bytes fed as a gzip or deflate body (garbage, almost always) never panic.
@@ -20,6 +24,7 @@ pub fn usage_scanner(data: &[u8]) {
     let cut = data.first().map_or(1, |&b| usize::from(b) % data.len());
     let drawn: Vec<usize> = data.iter().take(16).map(|&b| usize::from(b % 32)).collect();
     let compressed = compressed(data);
+    strip_invariants(data, cut, &drawn);
     for framing in [Framing::Json, Framing::EventStream] {
         let usage = |encoding, body: &[u8], sizes: &[usize]| {
             usage_in_chunks(framing, encoding, body, sizes)
@@ -68,6 +73,43 @@ pub fn usage_scanner(data: &[u8]) {
 }
 
 /// Feeds `body` in chunks of the given sizes (cycled; 0 counts as 1), then asks for the usage.
+/// What `UsageStripper` sends on for `body` fed in chunks of `sizes` (cycled).
+fn stripped_in_chunks(body: &[u8], sizes: &[usize]) -> Vec<u8> {
+    let mut stripper = UsageStripper::new();
+    let mut out = Vec::with_capacity(body.len());
+    let mut rest = body;
+    for &size in sizes.iter().cycle() {
+        if rest.is_empty() {
+            break;
+        }
+        let (chunk, tail) = rest.split_at(size.clamp(1, rest.len()));
+        out.extend_from_slice(&stripper.filter(Bytes::copy_from_slice(chunk)));
+        rest = tail;
+    }
+    out.extend_from_slice(&stripper.finish());
+    out
+}
+
+/// `UsageStripper` on an arbitrary event stream: the chunking never changes what it sends on,
+/// a stream in which `"usage"` never appears is sent on byte for byte, and nothing is ever
+/// added.
+fn strip_invariants(data: &[u8], cut: usize, drawn: &[usize]) {
+    let whole = stripped_in_chunks(data, &[data.len()]);
+    assert_eq!(
+        stripped_in_chunks(data, &[cut, data.len()]),
+        whole,
+        "strip: cut at {cut}"
+    );
+    assert_eq!(stripped_in_chunks(data, drawn), whole, "strip: {drawn:?}");
+    if data.len() <= 1024 {
+        assert_eq!(stripped_in_chunks(data, &[1]), whole, "strip: bytewise");
+    }
+    assert!(whole.len() <= data.len(), "the stripper added bytes");
+    if memchr::memmem::find(data, b"\"usage\"").is_none() {
+        assert_eq!(whole, data, "a stream without usage was changed");
+    }
+}
+
 pub(crate) fn usage_in_chunks(
     framing: Framing,
     encoding: Encoding,

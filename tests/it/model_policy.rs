@@ -492,7 +492,13 @@ async fn usage_accounting_never_holds_back_a_stream() {
     let asks = br#"{"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
     let chat = format!("{CHATX}{query}");
     let on = arrivals(&gw, &key, &chat, asks).await;
-    let off = arrivals(&gw, &key, &format!("/v1/plain/v1/chat/completions{query}"), asks).await;
+    let off = arrivals(
+        &gw,
+        &key,
+        &format!("/v1/plain/v1/chat/completions{query}"),
+        asks,
+    )
+    .await;
     // 4 chunks, the usage event (in two segments 300 ms apart) and [DONE], each 300 ms after
     // the one before: each must arrive on its own, about when it was sent, accounting on or off.
     for times in [&on, &off] {
