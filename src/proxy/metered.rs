@@ -57,8 +57,15 @@ impl Metered {
         Ok(())
     }
 
-    /// Starts reading the response, if its coding can be read.
-    pub fn response_started(&mut self, response: &ResponseHeader, event_stream: bool) {
+    /// Starts reading the response, if its coding can be read. A stream the gateway takes
+    /// usage out of loses any `Content-Length` (it will be shorter): chunked to an HTTP/1.1
+    /// client, delimited by the close to an HTTP/1.0 one, framed by HTTP/2 itself.
+    pub fn response_started(
+        &mut self,
+        response: &mut ResponseHeader,
+        event_stream: bool,
+        client: http::Version,
+    ) -> Result<()> {
         let framing = if event_stream {
             Framing::EventStream
         } else {
@@ -71,6 +78,18 @@ impl Metered {
         self.event_stream = event_stream;
         self.strip = (self.adds_usage && event_stream && encoding == Some(Encoding::Identity))
             .then(UsageStripper::new);
+        if self.strip.is_some()
+            && response
+                .remove_header(&http::header::CONTENT_LENGTH)
+                .is_some()
+        {
+            if client == http::Version::HTTP_11 {
+                response.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+            } else {
+                response.remove_header(&http::header::TRANSFER_ENCODING);
+            }
+        }
+        Ok(())
     }
 
     /// Reads a response chunk as it passes; on a stream where the gateway asked for usage,

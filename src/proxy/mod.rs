@@ -335,7 +335,7 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
@@ -347,7 +347,8 @@ impl ProxyHttp for Gateway {
             self.metrics.stream_started(self.service_label(ctx));
         }
         if let Some(exchange) = &mut ctx.openai {
-            (exchange.metered).response_started(upstream_response, event_stream);
+            let client = session.req_header().version;
+            (exchange.metered).response_started(upstream_response, event_stream, client)?;
         }
         Ok(())
     }
