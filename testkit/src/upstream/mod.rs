@@ -6,9 +6,20 @@
 //! and start again on the same address. Replicas of one test may share one `HitLog`.
 //! In model mode (`Upstream::model`) it answers as the demo model of `model.rs` instead.
 
+mod coding;
 mod model;
+mod openai;
 mod serve;
 mod wire;
+
+#[cfg(test)]
+mod tests;
+
+pub use coding::Coding;
+pub use openai::{
+    Usage, CHAT_JSON_USAGE, CHAT_SSE_USAGE, COMPLETIONS_JSON_USAGE, COMPLETIONS_SSE_USAGE, CREATED,
+    EMBEDDINGS_USAGE,
+};
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -37,8 +48,16 @@ impl Hit {
         self.target.split('?').next().unwrap_or_default()
     }
 
+    /// The path percent-decoded as uvicorn decodes it (every `%XX`, invalid UTF-8 replaced):
+    /// what the fake upstream routes on.
+    pub fn decoded_path(&self) -> String {
+        percent_encoding::percent_decode_str(self.path())
+            .decode_utf8_lossy()
+            .into_owned()
+    }
+
     pub fn is_health_check(&self) -> bool {
-        self.path().ends_with("/health")
+        self.decoded_path().ends_with("/health")
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {

@@ -1,4 +1,6 @@
-//! What the fake upstream answers, by path:
+//! What the fake upstream answers. Routes match the percent-decoded path, as uvicorn and
+//! Starlette route (`/oa/v1/chat/%63ompletions` is the chat endpoint); `Hit::target` keeps
+//! the target as received.
 //!   GET …/health          200 `{"status":"ok","replica":NAME}`, or 503 after `set_healthy(false)`
 //!   …/sse?n=N&gap_ms=G    text/event-stream: N chat chunks G ms apart (the first at once), each
 //!                         `{"replica":NAME,"i":I,"choices":[{"index":0,"delta":{"content":"tokI "}}]}`,
@@ -7,13 +9,21 @@
 //!   …/close               closes the connection without a response
 //!   …/garbage             answers bytes that are not HTTP
 //!   …/status/CODE         answers CODE with an upstream WWW-Authenticate
-//!   /oa/…/chat/completions  an OpenAI-style answer echoing the model received, with `usage`
-//!                         (prompt 11, completion 5); with `"stream":true` in the body an SSE
-//!                         stream of ?n=N chunks ?gap_ms=G apart whose usage event (prompt 21,
-//!                         completion 9) is written in two TCP segments ?split_ms=S apart
-//!   /oa/…/embeddings      an OpenAI-style embeddings answer with `usage` (prompt 7)
+//!   /oa/…/chat/completions  an OpenAI chat completion echoing the model received, with usage
+//!                         `CHAT_JSON_USAGE`; with `"stream":true` an SSE stream of ?n=N (3)
+//!                         chunks ?gap_ms=G (50) apart, the last with `finish_reason: "stop"`,
+//!                         then with `stream_options.include_usage` a usage chunk
+//!                         (`CHAT_SSE_USAGE`) written in two TCP writes ?split_ms=S (50) apart
+//!                         (cut inside `"prompt_tokens"`), then `data: [DONE]` (`openai.rs`)
+//!   /oa/…/completions     the same for text completions (`object: "text_completion"`,
+//!                         `choices[].text`): `COMPLETIONS_JSON_USAGE`, `COMPLETIONS_SSE_USAGE`
+//!   /oa/…/embeddings      an OpenAI embeddings answer with usage `EMBEDDINGS_USAGE`
 //!   anything else         after ?ms=M milliseconds, 200 `{"ok":true,"replica":NAME,"method":…,
 //!                         "target":…}` with the session headers a gateway must strip
+//!
+//! The three `/oa/` endpoints answer in the content coding the request's `Accept-Encoding`
+//! asks for (gzip, deflate, br, zstd; identity when it is absent), or in
+//! `?force_encoding=NAME` whatever was asked (`coding.rs`).
 //!
 //! In model mode every request but `/health` goes to `model.rs` instead.
 //!
@@ -24,13 +34,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::openai::{self, Endpoint};
 use super::wire::{query_param, read_request, write_chunk, write_json};
-use super::{Hit, State, StreamLog};
+use super::{State, StreamLog};
 use crate::net::{set_reset_on_close, unread_bytes};
 
 const SESSION_HEADERS: &str = "set-cookie: session=abc; Path=/\r\nset-cookie: other=1\r\n\
@@ -89,7 +100,8 @@ async fn serve(conn: &mut TcpStream, state: &State, busy: &AtomicBool) -> End {
         if state.model.get().is_none() {
             state.log.push(req.clone());
         }
-        let path = req.path();
+        let path = req.decoded_path();
+        let path = path.as_str();
         let ok = if path.ends_with("/health") {
             health(conn, state).await
         } else if state.reset.load(Ordering::Relaxed) {
@@ -107,9 +119,11 @@ async fn serve(conn: &mut TcpStream, state: &State, busy: &AtomicBool) -> End {
             let _ = conn.write_all(b"this is not http\r\n\r\n").await;
             false
         } else if path.starts_with("/oa/") && path.ends_with("/embeddings") {
-            embeddings(conn, &req).await
+            openai::embeddings(conn, &req).await
         } else if path.starts_with("/oa/") && path.ends_with("/chat/completions") {
-            chat(conn, &req, state).await
+            openai::completion(conn, &req, state, Endpoint::Chat).await
+        } else if path.starts_with("/oa/") && path.ends_with("/completions") {
+            openai::completion(conn, &req, state, Endpoint::Completions).await
         } else if let Some((_, code)) = path.rsplit_once("/status/") {
             let extra = "www-authenticate: Basic realm=\"upstream\"\r\nset-cookie: s=1\r\n";
             let status = format!("{code} Upstream");
@@ -140,7 +154,7 @@ async fn health(conn: &mut TcpStream, state: &State) -> bool {
     write_json(conn, code, "", &body).await
 }
 
-fn new_stream(state: &State) -> Arc<Mutex<StreamLog>> {
+pub(super) fn new_stream(state: &State) -> Arc<Mutex<StreamLog>> {
     let log = Arc::new(Mutex::new(StreamLog::default()));
     state.streams.lock().unwrap().push(log.clone());
     log
@@ -184,78 +198,4 @@ async fn sse(conn: &mut TcpStream, target: &str, state: &State) -> bool {
     events.push("data: [DONE]\n\n".to_string());
     let log = new_stream(state);
     stream_events(conn, &events, gap, &log).await
-}
-
-fn model_of(req: &Hit) -> (Value, Value) {
-    let body: Value = serde_json::from_slice(&req.body).unwrap_or_default();
-    let model = body.get("model").cloned().unwrap_or(Value::Null);
-    (body, model)
-}
-
-async fn embeddings(conn: &mut TcpStream, req: &Hit) -> bool {
-    let (_, model) = model_of(req);
-    let answer = json!({"object": "list", "model": model,
-        "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}],
-        "usage": {"prompt_tokens": 7, "total_tokens": 7}});
-    write_json(conn, "200 OK", "", &answer.to_string()).await
-}
-
-/// A stand-in for an OpenAI-compatible server: what the gateway's usage accounting reads.
-async fn chat(conn: &mut TcpStream, req: &Hit, state: &State) -> bool {
-    let (body, model) = model_of(req);
-    if body.get("stream") != Some(&Value::Bool(true)) {
-        // The answer text quotes a usage object: only the top-level one may be counted.
-        let answer = json!({"id": "c1", "object": "chat.completion", "model": model,
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant",
-                "content": "a trap: \"usage\":{\"prompt_tokens\":999,\"completion_tokens\":999}"}}],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}});
-        return write_json(conn, "200 OK", "", &answer.to_string()).await;
-    }
-    let n = query_param(&req.target, "n", 3);
-    let gap = Duration::from_millis(query_param(&req.target, "gap_ms", 50));
-    let split = Duration::from_millis(query_param(&req.target, "split_ms", 50));
-    let log = new_stream(state);
-    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
-                transfer-encoding: chunked\r\n\r\n";
-    if conn.write_all(head.as_bytes()).await.is_err() {
-        return false;
-    }
-    let mut events: Vec<String> = (0..n)
-        .map(|i| {
-            let chunk = json!({"object": "chat.completion.chunk", "model": model,
-                "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}], "usage": null});
-            format!("data: {chunk}\n\n")
-        })
-        .collect();
-    let usage = json!({"object": "chat.completion.chunk", "model": model, "choices": [],
-        "usage": {"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30}});
-    events.push(format!("data: {usage}\n\n"));
-    events.push("data: [DONE]\n\n".to_string());
-    let usage_event = events.len() - 2;
-    for (i, event) in events.iter().enumerate() {
-        if i > 0 {
-            tokio::time::sleep(gap).await;
-        }
-        let chunk = format!("{:x}\r\n{event}\r\n", event.len());
-        let pieces: Vec<&[u8]> = if i == usage_event {
-            // Cut inside `"prompt_tokens"`: the gateway sees the event in two reads.
-            let cut = chunk.find("prompt_t").unwrap() + 5;
-            vec![&chunk.as_bytes()[..cut], &chunk.as_bytes()[cut..]]
-        } else {
-            vec![chunk.as_bytes()]
-        };
-        for (j, piece) in pieces.iter().enumerate() {
-            if j > 0 {
-                tokio::time::sleep(split).await;
-            }
-            if conn.write_all(piece).await.is_err() || conn.flush().await.is_err() {
-                log.lock().unwrap().aborted = Some(Instant::now());
-                return false;
-            }
-        }
-        log.lock().unwrap().sent.push(Instant::now());
-    }
-    let ok = conn.write_all(b"0\r\n\r\n").await.is_ok();
-    log.lock().unwrap().finished = ok;
-    ok
 }

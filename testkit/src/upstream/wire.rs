@@ -98,11 +98,24 @@ pub(super) async fn write_json(
     extra: &str,
     body: &str,
 ) -> bool {
-    let msg = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n{body}",
+    write_body(conn, status, "application/json", extra, body.as_bytes()).await
+}
+
+/// As `write_json`, for a body of any type and bytes (a compressed one).
+pub(super) async fn write_body(
+    conn: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    extra: &str,
+    body: &[u8],
+) -> bool {
+    let mut msg = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n{extra}\r\n",
         body.len()
-    );
-    conn.write_all(msg.as_bytes()).await.is_ok()
+    )
+    .into_bytes();
+    msg.extend_from_slice(body);
+    conn.write_all(&msg).await.is_ok()
 }
 
 /// Writes one chunk of a chunked body and flushes it, so each event leaves at once.
