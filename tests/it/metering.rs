@@ -335,7 +335,13 @@ async fn an_upstream_that_ignores_accept_encoding_is_counted_unread() {
         Some("br"),
         "passed on as the upstream sent it"
     );
+    // Counted once the exchange is logged, just after the client has its last byte.
     let unread = r#"reason="encoding",service="m""#;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&gw, "portcullis_usage_unread_total", unread) == 0 {
+        assert!(Instant::now() < deadline, "never counted unread");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(metric(&gw, "portcullis_usage_unread_total", unread), 1);
     assert_eq!(up.last().header("accept-encoding"), Some("gzip"));
 }
