@@ -3,6 +3,7 @@
 // testkit/src/upstream/model.rs) and passes:
 //   PORTCULLIS_URL    the gateway, e.g. http://127.0.0.1:PORT
 //   PORTCULLIS_TOKEN  a bearer token with the infer, chatx and embed scopes (an ak_ key or a JWT)
+//   PORTCULLIS_METRICS_URL  the gateway's Prometheus endpoint (for the metering tests)
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
@@ -10,7 +11,8 @@ import OpenAI from 'openai';
 
 const GATEWAY = process.env.PORTCULLIS_URL;
 const TOKEN = process.env.PORTCULLIS_TOKEN;
-if (!GATEWAY || !TOKEN) throw new Error('set PORTCULLIS_URL and PORTCULLIS_TOKEN');
+const METRICS = process.env.PORTCULLIS_METRICS_URL;
+if (!GATEWAY || !TOKEN || !METRICS) throw new Error('set PORTCULLIS_URL, PORTCULLIS_TOKEN and PORTCULLIS_METRICS_URL');
 
 const REASONING = 'Thinking about it.'; // what the demo model reasons before every answer
 const client = (service, apiKey = TOKEN) =>
@@ -87,6 +89,68 @@ test('chatx: stream_options.include_usage yields a final chunk with usage', { ti
   const { prompt_tokens: p, completion_tokens: c, total_tokens: t } = last.usage;
   assert.ok(p > 0 && c > 0 && t === p + c, `usage ${JSON.stringify(last.usage)}`);
   assert.equal(last.model, 'x-small-1');
+});
+
+// Metering (issue 21): a stream opened without stream_options must reach the client without a
+// usage chunk and still be counted. The second test needs the gateway to add include_usage
+// upstream (and strip the usage chunk it adds): until it does, it fails by design.
+const METRICS_WAIT_MS = 2000; // the counter moves when the request is logged, after the stream
+
+async function tokenCounts(service) {
+  const text = await (await fetch(METRICS)).text();
+  const counts = { prompt: 0, completion: 0 };
+  for (const m of text.matchAll(/^portcullis_tokens_total\{([^}]*)\}\s+(\S+)$/gm)) {
+    const labels = Object.fromEntries([...m[1].matchAll(/(\w+)="([^"]*)"/g)].map((l) => [l[1], l[2]]));
+    if (labels.service === service && labels.kind in counts) counts[labels.kind] = Number(m[2]);
+  }
+  return counts;
+}
+
+async function settledTokenCounts(service) {
+  let before = await tokenCounts(service);
+  for (let waited = 0; waited < METRICS_WAIT_MS; waited += 100) {
+    await new Promise((r) => setTimeout(r, 100));
+    const now = await tokenCounts(service);
+    if (now.prompt === before.prompt && now.completion === before.completion) return now;
+    before = now;
+  }
+  throw new Error(`portcullis_tokens_total for ${service} still moving`);
+}
+
+const streamChunks = async (content, extra = {}) => {
+  const stream = await client('infer').chat.completions.create({
+    model: 'alpha3.6-vl', stream: true, messages: [{ role: 'user', content }], ...extra,
+  });
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  return chunks;
+};
+
+test('infer: streaming without stream_options yields no usage chunk', { timeout: 30_000 }, async () => {
+  const chunks = await streamChunks('node no usage');
+  assert.ok(chunks.length > 2, `only ${chunks.length} chunks`);
+  for (const c of chunks) {
+    assert.ok(c.choices.length > 0, `a chunk without choices: ${JSON.stringify(c)}`);
+    assert.ok(c.usage === undefined || c.usage === null, `a chunk with usage: ${JSON.stringify(c)}`);
+  }
+});
+
+test('infer: streaming without stream_options is metered exactly (needs the gateway\'s include_usage injection)', { timeout: 30_000 }, async () => {
+  const text = 'node meter this stream';
+  // The same request with include_usage: what the demo model counts for it (deterministic).
+  const { usage } = (await streamChunks(text, { stream_options: { include_usage: true } })).at(-1);
+  assert.ok(usage, 'the include_usage twin request ends with a usage chunk');
+  const before = await settledTokenCounts('infer');
+  await streamChunks(text);
+  const want = { prompt: usage.prompt_tokens, completion: usage.completion_tokens };
+  let delta;
+  for (let waited = 0; waited <= METRICS_WAIT_MS; waited += 50) {
+    const after = await tokenCounts('infer');
+    delta = { prompt: after.prompt - before.prompt, completion: after.completion - before.completion };
+    if (delta.prompt === want.prompt && delta.completion === want.completion) break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  assert.deepEqual(delta, want, 'portcullis_tokens_total{service="infer"} increase');
 });
 
 test('embed: embeddings for a list of inputs, ordered by index, 1024 floats each', { timeout: 30_000 }, async () => {

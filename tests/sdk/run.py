@@ -40,6 +40,7 @@ import openai
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (  # noqa: E402  (tests/harness.py)
     CheckFailed, Child, Results, expect, expect_eq, finish, free_port, tail)
+from metering import METRICS_WAIT, metering_checks, settled_token_counts, token_counts  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SDK_DIR = os.path.join(ROOT, "tests", "sdk")
@@ -54,7 +55,6 @@ ROTATION_WINDOW = 15    # seconds a new kid may take to be accepted (gateway unk
 HTTP_TIMEOUT = 20
 CHATX_DEFAULT = "x-large-2"                               # chatx's model when a request names none
 CHATX_ALIASES = {"large": "x-large-2", "small": "x-small-1"}
-METRICS_WAIT = 2        # seconds the token counter may lag the end of a stream (it moves when the request is logged)
 
 # What the fake upstream's demo model answers (testkit/src/upstream/model.rs), mirrored here
 # so the checks test the Rust server against an independent statement of it.
@@ -431,34 +431,6 @@ def embed_checks(gw, token):
     return default_encoding, float_encoding, models
 
 
-def token_counts(gw, service):
-    """{"prompt": n, "completion": n} from portcullis_tokens_total on /metrics (0 when absent)."""
-    status, _, body = http_call(gw.metrics_url)
-    expect_eq(status, 200, "GET /metrics status")
-    counts = {"prompt": 0, "completion": 0}
-    for line in body.decode().splitlines():
-        m = re.fullmatch(r"portcullis_tokens_total\{([^}]*)\}\s+(\S+)", line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if labels.get("service") == service and labels.get("kind") in counts:
-            counts[labels["kind"]] = int(float(m.group(2)))
-    return counts
-
-
-def settled_token_counts(gw, service):
-    """The counts once no earlier request's logging is still moving them."""
-    before = token_counts(gw, service)
-    deadline = time.monotonic() + METRICS_WAIT
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        now = token_counts(gw, service)
-        if now == before:
-            return now
-        before = now
-    raise CheckFailed(f"portcullis_tokens_total for {service} still moving after {METRICS_WAIT} s")
-
-
 def policy_checks(gw, token):
     """chatx's model policy (default, aliases, pass-through), body validation and token usage."""
     client = gw.sdk("chatx", token)
@@ -500,7 +472,7 @@ def policy_checks(gw, token):
         raise CheckFailed("a message without a role was accepted")
 
     def usage_counted():
-        before = settled_token_counts(gw, "chatx")
+        before = settled_token_counts(gw.metrics_url, "chatx")
         text = "count my tokens please"
         stream = client.chat.completions.create(model="small", stream=True, stream_options={"include_usage": True},
                                                 messages=[{"role": "user", "content": text}])
@@ -519,7 +491,7 @@ def policy_checks(gw, token):
         expected = {"prompt": u.prompt_tokens, "completion": u.completion_tokens}
         deadline = time.monotonic() + METRICS_WAIT
         while True:
-            after = token_counts(gw, "chatx")
+            after = token_counts(gw.metrics_url, "chatx")
             delta = {k: after[k] - before[k] for k in after}
             if delta == expected or time.monotonic() > deadline:
                 break
@@ -587,9 +559,19 @@ def run_sdk_suite(res, gw, label, token, scoped):
         return detail
     res.check(f"[py {label}] chatx without the chatx scope raises PermissionDeniedError", forbidden)
 
+    # What the demo model counts: prompt fragments (at least 1); answer plus reasoning fragments.
+    def want_chat(text):
+        return len(fragments(text)), len(fragments(echo(text))) + len(fragments(REASONING))
+
+    def want_text(prompt):
+        return max(1, len(fragments(prompt))), len(fragments(echo(prompt)))
+    for name, fn in metering_checks(gw, token, "infer", CHAT_MODEL, want_chat, want_text):
+        res.check(f"[py {label}] {name}", fn)
+
 
 def run_node_suite(res, gw, label, token, tmp):
-    env = {**os.environ, "PORTCULLIS_URL": gw.url, "PORTCULLIS_TOKEN": token}
+    env = {**os.environ, "PORTCULLIS_URL": gw.url, "PORTCULLIS_TOKEN": token,
+           "PORTCULLIS_METRICS_URL": gw.metrics_url}
     log = os.path.join(tmp, f"node-{label}.log")
     try:
         out = subprocess.run(["node", "--test", "--test-reporter=tap", os.path.join(SDK_DIR, "node.test.mjs")],

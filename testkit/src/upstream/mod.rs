@@ -4,6 +4,9 @@
 //! share a port on 127.0.0.2 and 127.0.0.3), can fail its health check, reset instead of
 //! answering, be killed (listener closed and every open connection reset, mid-stream included)
 //! and start again on the same address. Replicas of one test may share one `HitLog`.
+//! Under `/oa/` it answers as the OpenAI API does (`openai.rs`): the token counts it reports
+//! are the constants below, the bodies it sends `json_body`, `sse_body` and `embeddings_body`,
+//! in the content coding negotiated or forced (`Coding`).
 //! In model mode (`Upstream::model`) it answers as the demo model of `model.rs` instead.
 
 mod coding;
@@ -17,8 +20,8 @@ mod tests;
 
 pub use coding::Coding;
 pub use openai::{
-    Usage, CHAT_JSON_USAGE, CHAT_SSE_USAGE, COMPLETIONS_JSON_USAGE, COMPLETIONS_SSE_USAGE, CREATED,
-    EMBEDDINGS_USAGE,
+    embeddings_body, json_body, sse_body, Endpoint, Usage, CHAT_JSON_USAGE, CHAT_SSE_USAGE,
+    COMPLETIONS_JSON_USAGE, COMPLETIONS_SSE_USAGE, CREATED, EMBEDDINGS_USAGE,
 };
 
 use std::net::SocketAddr;

@@ -6,7 +6,9 @@
 //!                            `chat_template_kwargs.enable_thinking` is `false`), then
 //!                            `Echo: <last user text>`; image parts read as ` [image:<type>]`;
 //!                            `max_tokens` cuts the answer; with `stream` an SSE stream of one
-//!                            fragment per event, the token delay apart, then `data: [DONE]`
+//!                            fragment per event, the token delay apart, then `data: [DONE]`;
+//!                            usage as OpenAI reports it, `include_usage` included (`text.rs`)
+//!   POST …/completions       text completions: `Echo: <prompt>` per prompt, likewise
 //!   POST …/embeddings        1024 values per input, the same for the same text, L2-normalised
 //!   other GET and POST       404; other methods 501
 //! A token is a fragment: a run of non-space characters and the spaces after it. Every answer
@@ -14,7 +16,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use aws_lc_rs::digest::{digest, SHA256};
 use base64::Engine;
@@ -23,8 +25,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 mod python;
+mod text;
 
-use self::python::{is_space, py_int, py_str, py_truthy, PyRandom};
+use self::python::{py_str, py_truthy, PyRandom};
+use self::text::fragments;
 use super::wire::{write_chunk, write_json};
 use super::{Hit, State, StreamLog};
 
@@ -88,7 +92,10 @@ pub(super) async fn answer(conn: &mut TcpStream, req: &Hit, state: &State, model
             Err(Refusal::Close(400, message.to_string()))
         }
         "POST" if path.ends_with("/chat/completions") => {
-            parse(&req.body).and_then(|b| chat(&b, model))
+            parse(&req.body).and_then(|b| text::chat(&b, model))
+        }
+        "POST" if path.ends_with("/completions") => {
+            parse(&req.body).and_then(|b| text::completions(&b, model))
         }
         "POST" if path.ends_with("/embeddings") => parse(&req.body).and_then(|b| embeddings(&b)),
         "GET" | "POST" => Err(Refusal::NotFound),
@@ -217,93 +224,6 @@ fn received_model(body: &Map<String, Value>) -> &str {
         .unwrap_or("(none received)")
 }
 
-fn chat(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
-    let messages = match body.get("messages") {
-        Some(Value::Array(m)) if m.iter().all(Value::is_object) => m,
-        _ => {
-            return Err(Refusal::Bad(
-                "'messages' must be an array of message objects",
-            ))
-        }
-    };
-    let texts = messages
-        .iter()
-        .map(|m| content_text(m.get("content")))
-        .collect::<Option<Vec<String>>>()
-        .ok_or(Refusal::Crash("an image_url whose url is not a string"))?;
-    let last_user = messages
-        .iter()
-        .zip(&texts)
-        .rev()
-        .find(|(m, _)| m.get("role").and_then(Value::as_str) == Some("user"))
-        .map_or("", |(_, text)| text.as_str());
-    let answer_text = format!("Echo: {last_user}");
-    let mut answer = fragments(&answer_text);
-    let mut finish = "stop";
-    if let Some(max) = py_int(body.get("max_tokens")) {
-        if 0 < max && (max as u64) < answer.len() as u64 {
-            answer.truncate(max as usize);
-            finish = "length";
-        }
-    }
-    // Reasoning is on unless the client explicitly sets enable_thinking=false.
-    let thinking = !matches!(body.get("chat_template_kwargs"),
-        Some(Value::Object(k)) if k.get("enable_thinking") == Some(&Value::Bool(false)));
-    let reasoning = if thinking {
-        fragments(REASONING)
-    } else {
-        Vec::new()
-    };
-    let prompt = texts
-        .iter()
-        .map(|t| fragments(t).len())
-        .sum::<usize>()
-        .max(1);
-    let completion = answer.len() + reasoning.len();
-    let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion,
-        "total_tokens": prompt + completion});
-    let id = format!(
-        "chatcmpl-demo-{}",
-        model.ids.fetch_add(1, Ordering::Relaxed) + 1
-    );
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let model_name = received_model(body);
-
-    if !py_truthy(body.get("stream")) {
-        let mut message = json!({"role": "assistant", "content": answer.concat()});
-        if thinking {
-            message["reasoning_content"] = json!(REASONING);
-        }
-        return Ok(Answer::Json(json!({"id": id, "object": "chat.completion",
-            "created": created, "model": model_name, "usage": usage,
-            "choices": [{"index": 0, "finish_reason": finish, "message": message}]})));
-    }
-    let chunk = |delta: Value, finish: Option<&str>| {
-        json!({"id": id, "object": "chat.completion.chunk", "created": created,
-            "model": model_name,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-    };
-    let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
-    chunks.extend(
-        reasoning
-            .iter()
-            .map(|f| chunk(json!({"reasoning_content": f}), None)),
-    );
-    chunks.extend(answer.iter().map(|f| chunk(json!({"content": f}), None)));
-    chunks.push(chunk(json!({}), Some(finish)));
-    if matches!(body.get("stream_options"),
-        Some(Value::Object(o)) if o.get("include_usage") == Some(&Value::Bool(true)))
-    {
-        chunks.push(
-            json!({"id": id, "object": "chat.completion.chunk", "created": created,
-            "model": model_name, "choices": [], "usage": usage}),
-        );
-    }
-    Ok(Answer::Stream(chunks))
-}
-
 fn embeddings(body: &Map<String, Value>) -> Result<Answer, Refusal> {
     let bad = Refusal::Bad("'input' must be a non-empty string or array of strings");
     let texts: Vec<String> = match body.get("input") {
@@ -388,59 +308,6 @@ fn embed(text: &str) -> Vec<f64> {
     vec.iter()
         .map(|v| format!("{:.6}", v / norm).parse().unwrap())
         .collect()
-}
-
-/// Word-ish pieces that keep their trailing spaces (the regex `\S+\s*`, so leading spaces are
-/// dropped); text of spaces only is one fragment, empty text none.
-fn fragments(text: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut rest = text.trim_start_matches(is_space);
-    while !rest.is_empty() {
-        let word = rest.find(is_space).unwrap_or(rest.len());
-        let next = rest[word..].trim_start_matches(is_space);
-        out.push(&rest[..rest.len() - next.len()]);
-        rest = next;
-    }
-    if out.is_empty() && !text.is_empty() {
-        out.push(text);
-    }
-    out
-}
-
-/// A message's text: a string, or its parts joined. None where the Python raised.
-fn content_text(content: Option<&Value>) -> Option<String> {
-    match content {
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(Value::Array(parts)) => parts.iter().map(part_text).collect(),
-        _ => Some(String::new()),
-    }
-}
-
-fn part_text(part: &Value) -> Option<String> {
-    let Value::Object(part) = part else {
-        return Some(String::new());
-    };
-    match part.get("type").and_then(Value::as_str) {
-        Some("text") => Some(part.get("text").map_or(String::new(), py_str)),
-        Some("image_url") => {
-            let url = match part.get("image_url") {
-                Some(Value::Object(img)) => match img.get("url") {
-                    None => "",
-                    Some(Value::String(url)) => url.as_str(),
-                    Some(_) => return None,
-                },
-                Some(Value::String(url)) => url.as_str(),
-                _ => "",
-            };
-            // A data: URL names its media type: up to the first `;` or `,`.
-            let media = url
-                .strip_prefix("data:")
-                .map(|rest| &rest[..rest.find([';', ',']).unwrap_or(rest.len())])
-                .filter(|m| !m.is_empty());
-            Some(format!(" [image:{}]", media.unwrap_or("url")))
-        }
-        _ => Some(String::new()),
-    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //!
 //! Bodies are written with their keys in OpenAI's order (serde_json's map would sort them), and
 //! `id` and `created` are fixed: two answers to the same request are the same bytes, so a test
-//! can compare what a client got through a gateway with what the upstream sent.
+//! can compare what a client got through a gateway with what the upstream sent, or with
+//! `json_body`, `sse_body` and `embeddings_body`, which state those bytes.
 //!
 //! Streams follow `stream_options.include_usage` as OpenAI does: when it is `true`, every
 //! content chunk carries `"usage":null` and one more chunk, `"choices":[]` with the usage,
@@ -120,8 +121,8 @@ fn object(fields: &[(&str, String)]) -> String {
 }
 
 /// The endpoints with a text answer and a usage: chat or text completions.
-#[derive(Clone, Copy)]
-pub(super) enum Endpoint {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
     Chat,
     Completions,
 }
@@ -235,18 +236,26 @@ async fn write_json(conn: &mut TcpStream, req: &Hit, body: &str) -> bool {
 
 pub(super) async fn embeddings(conn: &mut TcpStream, req: &Hit) -> bool {
     let (_, model) = model_of(req);
+    write_json(conn, req, &embeddings_answer(&model)).await
+}
+
+fn embeddings_answer(model: &str) -> String {
     let item = object(&[
         ("object", "\"embedding\"".into()),
         ("index", "0".into()),
         ("embedding", "[0.25,-0.5]".into()),
     ]);
-    let answer = object(&[
+    object(&[
         ("object", "\"list\"".into()),
         ("data", format!("[{item}]")),
-        ("model", model),
+        ("model", model.into()),
         ("usage", EMBEDDINGS_USAGE.json()),
-    ]);
-    write_json(conn, req, &answer).await
+    ])
+}
+
+/// The body the fake upstream sends (decoded) for an embeddings request with this `model`.
+pub fn embeddings_body(model: Option<&str>) -> String {
+    embeddings_answer(&json!(model).to_string())
 }
 
 /// Chat or text completions: JSON, or with `"stream":true` an SSE stream of `?n=N` chunks
@@ -260,21 +269,41 @@ pub(super) async fn completion(
 ) -> bool {
     let (body, model) = model_of(req);
     if body.get("stream") != Some(&Value::Bool(true)) {
-        let mut fields = endpoint.head(false, &model);
-        fields.push((
-            "choices",
-            format!("[{}]", endpoint.choice(false, TRAP, true, Some("stop"))),
-        ));
-        fields.push(("usage", endpoint.usage(false).json()));
-        return write_json(conn, req, &object(&fields)).await;
+        return write_json(conn, req, &json_answer(endpoint, &model)).await;
     }
     let include_usage = body.pointer("/stream_options/include_usage") == Some(&Value::Bool(true));
-    let n = query_param(&req.target, "n", 3);
+    let events = sse_events(
+        endpoint,
+        &model,
+        query_param(&req.target, "n", 3),
+        include_usage,
+    );
+    let pacing = Pacing {
+        gap: Duration::from_millis(query_param(&req.target, "gap_ms", 50)),
+        split: Duration::from_millis(query_param(&req.target, "split_ms", 50)),
+        // The usage chunk, just before [DONE].
+        split_event: include_usage.then(|| events.len() - 2),
+    };
+    let log = super::serve::new_stream(state);
+    stream(conn, coding::for_request(req), &events, &pacing, &log).await
+}
+
+/// The JSON answer; `model` as JSON text.
+fn json_answer(endpoint: Endpoint, model: &str) -> String {
+    let mut fields = endpoint.head(false, model);
+    let choice = endpoint.choice(false, TRAP, true, Some("stop"));
+    fields.push(("choices", format!("[{choice}]")));
+    fields.push(("usage", endpoint.usage(false).json()));
+    object(&fields)
+}
+
+/// The stream's events, `data: [DONE]` last; `model` as JSON text.
+fn sse_events(endpoint: Endpoint, model: &str, n: u64, include_usage: bool) -> Vec<String> {
     let mut events: Vec<String> = (0..n)
         .map(|i| {
             let finish = (i + 1 == n).then_some("stop");
             let choice = endpoint.choice(true, &format!("tok{i} "), i == 0, finish);
-            let mut fields = endpoint.head(true, &model);
+            let mut fields = endpoint.head(true, model);
             fields.push(("choices", format!("[{choice}]")));
             if include_usage {
                 fields.push(("usage", "null".into()));
@@ -282,21 +311,26 @@ pub(super) async fn completion(
             format!("data: {}\n\n", object(&fields))
         })
         .collect();
-    let usage_event = include_usage.then(|| {
-        let mut fields = endpoint.head(true, &model);
+    if include_usage {
+        let mut fields = endpoint.head(true, model);
         fields.push(("choices", "[]".into()));
         fields.push(("usage", endpoint.usage(true).json()));
         events.push(format!("data: {}\n\n", object(&fields)));
-        events.len() - 1
-    });
+    }
     events.push("data: [DONE]\n\n".to_string());
-    let pacing = Pacing {
-        gap: Duration::from_millis(query_param(&req.target, "gap_ms", 50)),
-        split: Duration::from_millis(query_param(&req.target, "split_ms", 50)),
-        split_event: usage_event,
-    };
-    let log = super::serve::new_stream(state);
-    stream(conn, coding::for_request(req), &events, &pacing, &log).await
+    events
+}
+
+/// The body the fake upstream sends (decoded, de-chunked) for a JSON request to `endpoint`
+/// whose `model` is this (None: absent or null): what a client must get through a gateway.
+pub fn json_body(endpoint: Endpoint, model: Option<&str>) -> String {
+    json_answer(endpoint, &json!(model).to_string())
+}
+
+/// The same for a streamed request with `?n=N` and `include_usage` as given. A client that did
+/// not ask for usage must get `sse_body(…, false)` however the gateway asked upstream.
+pub fn sse_body(endpoint: Endpoint, model: Option<&str>, n: u64, include_usage: bool) -> String {
+    sse_events(endpoint, &json!(model).to_string(), n, include_usage).concat()
 }
 
 struct Pacing {

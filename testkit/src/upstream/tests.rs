@@ -421,3 +421,26 @@ fn force_encoding_compresses_whatever_the_request_asked() {
     let resp = post(&up, CHAT, &[], &chat_body(None, None));
     assert!(resp.header("content-encoding").is_none() && resp.header("vary").is_none());
 }
+
+#[test]
+fn the_stated_bodies_are_what_the_upstream_sends() {
+    let up = Upstream::start();
+    for (endpoint, path) in [(Endpoint::Chat, CHAT), (Endpoint::Completions, COMPLETIONS)] {
+        let sent = post(
+            &up,
+            path,
+            &[("accept-encoding", "br")],
+            r#"{"model":"m-3"}"#,
+        )
+        .body();
+        assert_eq!(sent, json_body(endpoint, Some("m-3")).as_bytes());
+        for include_usage in [false, true] {
+            let body = json!({"stream": true, "stream_options": {"include_usage": include_usage}});
+            let target = format!("{path}?n=4&gap_ms=0&split_ms=0");
+            let sent = post(&up, &target, &[], &body.to_string()).body();
+            assert_eq!(sent, sse_body(endpoint, None, 4, include_usage).as_bytes());
+        }
+    }
+    let sent = post(&up, "/oa/v1/embeddings", &[], r#"{"model":"e"}"#).body();
+    assert_eq!(sent, embeddings_body(Some("e")).as_bytes());
+}
