@@ -31,6 +31,7 @@ use crate::access_log::{self, AccessLog};
 use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::errors::{GatewayError, Malformed};
+use crate::metering::Meter;
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::{Endpoint, Models};
 use crate::replicas::Replicas;
@@ -47,6 +48,7 @@ pub struct Gateway {
     auth: Authenticator,
     metrics: Arc<Metrics>,
     access_log: AccessLog,
+    meter: Arc<Meter>,
 }
 
 /// What `request_filter` decided, taken out of the borrowed request before acting on it.
@@ -69,6 +71,7 @@ impl Gateway {
         metrics: Arc<Metrics>,
         access_log: AccessLog,
         replicas: Vec<Arc<Replicas>>,
+        meter: Arc<Meter>,
     ) -> Gateway {
         Gateway {
             routes: Route::all(config, &metrics, replicas),
@@ -79,6 +82,7 @@ impl Gateway {
             auth,
             metrics,
             access_log,
+            meter,
         }
     }
 
@@ -438,6 +442,9 @@ impl ProxyHttp for Gateway {
             if let Some(charged) = metered.charged() {
                 self.metrics.tokens(service, &charged.usage);
             }
+        }
+        if let Some(charge) = record::charge(ctx, service) {
+            self.meter.record(&charge);
         }
         self.metrics.record_for(
             self.service_metrics(ctx),
