@@ -3,8 +3,12 @@
 // listener serving console/, the real OpenID provider (tests/sdk/idp.mjs, oidc-provider) and a
 // recording upstream. Sign in through the provider's login and consent pages, create a key in
 // the page, call the gateway with it, revoke it in the page, and see the gateway refuse it
-// within cache_ttl_seconds + 1 s. A second gateway on the same key store offers administrator
-// sign-in (`console_admin_sign_in`, `admin_subjects`); the first one must not even show it.
+// within cache_ttl_seconds + 1 s. A second key calls an `api = "openai"` service backed by the
+// test kit's fake upstream (target/debug/fake-upstream, FAKE_UPSTREAM= overrides), which states
+// its token counts: the usage view must show exactly those, today, this month and in its 30-day
+// charts. A second gateway on the same key store offers administrator sign-in
+// (`console_admin_sign_in`, `admin_subjects`); the first one must not even show it, and there
+// the administrator sees every owner's usage.
 //
 //   node --test tests/browser/console.test.mjs      (scripts/browser-tests.sh installs and runs it)
 //
@@ -25,9 +29,11 @@ import { freePort, processes, startUpstream, toml } from './processes.mjs';
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const BIN = path.resolve(ROOT, process.env.BIN || 'target/debug/portcullis');
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const FAKE_UPSTREAM = path.resolve(ROOT, process.env.FAKE_UPSTREAM || 'target/debug/fake-upstream');
 const AUDIENCE = 'urn:portcullis:browser-test';
 const CACHE_TTL_SECONDS = 2;
 const MAX_KEYS_PER_OWNER = 2;
+const FLUSH_SECONDS = 1;
 const KEY_SHAPE = /^ak_[0-9a-f]{16}\.[A-Za-z0-9_-]{43}$/;
 const CHAT_BODY = JSON.stringify({ messages: [{ role: 'user', content: 'Hello from the browser test' }] });
 
@@ -47,6 +53,7 @@ let page;
 let broken = null; // the first failed step: later steps are skipped, not failed again
 const pageProblems = []; // uncaught errors and console errors in the console page
 const adminSetCookies = []; // Set-Cookie headers from the admin listener (there must be none)
+const consoleRequests = []; // { from, to }: every script, style, image or fetch a console page asked for
 let shot = 0;
 
 // ---- browser helpers ---------------------------------------------------------------------------
@@ -63,6 +70,11 @@ async function newPage() {
   page = await context.newPage();
   page.setDefaultTimeout(15_000);
   page.on('pageerror', (err) => pageProblems.push(`page error at ${page.url()}: ${err.message}`));
+  page.on('request', (r) => {
+    // Navigations are the test's own page.goto or the sign-in redirect: what a page loads or fetches counts.
+    const from = r.frame().url();
+    if (onConsole(from) && !r.isNavigationRequest()) consoleRequests.push({ from, to: r.url() });
+  });
   page.on('response', async (r) => {
     if (onConsole(r.url())) {
       const cookie = await r.headerValue('set-cookie').catch(() => null);
@@ -71,9 +83,11 @@ async function newPage() {
   });
   page.on('console', (msg) => {
     if (msg.type() !== 'error' || !onConsole(page.url())) return;
-    // The API's own 4xx answers (the 409 the test provokes) are logged by Chromium as failed loads.
+    // The API's own 4xx answers (the 409 and the usage 400 the test provokes) are logged by
+    // Chromium as failed loads.
     const from = msg.location().url || '';
-    if (/^Failed to load resource/.test(msg.text()) && onConsole(from) && new URL(from).pathname.startsWith('/v1/keys')) return;
+    const api = (p) => p.startsWith('/v1/keys') || p === '/v1/usage';
+    if (/^Failed to load resource/.test(msg.text()) && onConsole(from) && api(new URL(from).pathname)) return;
     pageProblems.push(`console error at ${page.url()}: ${msg.text()} (${msg.location().url || 'page'})`);
   });
 }
@@ -157,7 +171,10 @@ function step(name, fn) {
 before(async () => {
   assert.ok(fs.existsSync(BIN), `${BIN} missing: cargo build first`);
   assert.ok(fs.existsSync(CHROMIUM), `${CHROMIUM} missing: apt-get install chromium (make test-deps does)`);
+  assert.ok(fs.existsSync(FAKE_UPSTREAM), `${FAKE_UPSTREAM} missing: cargo build -p testkit --bin fake-upstream`);
   upstream = await startUpstream();
+  const fake = await start('fake-upstream', FAKE_UPSTREAM, ['--port', '0', '--token-delay-ms', '0'], { waitFor: /LISTENING (\d+)/ });
+  env.fakeUpstream = `http://127.0.0.1:${fake.match[1]}`;
   const [gwPort, adminPort, gwPort2, adminPort2] = [await freePort(), await freePort(), await freePort(), await freePort()];
   env.gateway = `http://127.0.0.1:${gwPort}`;
   env.admin = `http://127.0.0.1:${adminPort}`;
@@ -190,6 +207,9 @@ negative_cache_ttl_seconds = 1
 issuer = ${toml(env.issuer)}
 audience = ${toml(AUDIENCE)}
 
+[metering]
+flush_seconds = ${FLUSH_SECONDS}
+
 [admin]
 listen = ${toml(`127.0.0.1:${adminPort}`)}
 console = true
@@ -199,6 +219,12 @@ ${adminLines}
 [services.infer]
 upstream = ${toml(`http://127.0.0.1:${upstream.server.address().port}`)}
 scope = "infer"
+
+# Metered: the gateway reads the usage the fake upstream reports on chat completions.
+[services.chatx]
+upstream = ${toml(env.fakeUpstream)}
+scope = "chatx"
+api = "openai"
 `);
     return start(name, BIN, ['serve', '--config', config]);
   };
@@ -241,11 +267,16 @@ step('the admin listener serves the console page, its scripts and its configurat
   const html = await fetch(`${env.admin}/console/`);
   assert.equal(html.status, 200);
   assert.match(html.headers.get('content-type') || '', /^text\/html/);
-  assert.match(await html.text(), /<script src="oidc\.js"><\/script>\s*<script src="console\.js"><\/script>/);
-  for (const script of ['oidc.js', 'console.js']) {
+  assert.match(await html.text(), /<script src="oidc\.js"><\/script>\s*<script src="usage\.js"><\/script>\s*<script src="console\.js"><\/script>/);
+  for (const script of ['oidc.js', 'usage.js', 'console.js']) {
     const js = await fetch(`${env.admin}/console/${script}`);
     assert.equal(js.status, 200, script);
     assert.match(js.headers.get('content-type') || '', /^(text|application)\/javascript/);
+    // Every script gets the page's headers: the same CSP (connect-src: this origin and the issuer only).
+    for (const h of ['content-security-policy', 'x-content-type-options', 'x-frame-options', 'referrer-policy']) {
+      assert.equal(js.headers.get(h), html.headers.get(h), `${script}: ${h}`);
+    }
+    assert.match(js.headers.get('content-security-policy') || '', /connect-src 'self' http:\/\/127\.0\.0\.1:\d+;/, script);
   }
   const cfg = await fetch(`${env.admin}/console/config.json`);
   assert.equal(cfg.status, 200);
@@ -381,6 +412,140 @@ step('the new key works on the gateway, and the upstream never sees it', async (
   assert.ok(!(await page.content()).includes(secret), 'the secret is gone from the page');
 });
 
+// What the usage view shows for one row (a key's or an owner's): the visible numbers.
+async function usageRow(testid) {
+  const row = page.getByTestId(testid);
+  await row.waitFor();
+  const text = async (cell) => (await row.getByTestId(cell).textContent()).trim();
+  return {
+    tokensToday: await text('tokens-today'),
+    requestsToday: await text('requests-today'),
+    tokensMonth: await text('tokens-month'),
+    requestsMonth: await text('requests-month'),
+  };
+}
+
+// A chart's days as drawn: [{ day, tokens }] in order.
+async function chartDays(testid) {
+  return page.getByTestId(testid).locator('svg g.day').evaluateAll((gs) => gs.map((g) => ({
+    day: g.dataset.day, tokens: Number(g.dataset.tokens), requests: Number(g.dataset.requests),
+  })));
+}
+
+// The last 30 UTC days, oldest first, as the chart must show them.
+function last30Days() {
+  const now = Date.now();
+  return Array.from({ length: 30 }, (_, i) => new Date(now - (29 - i) * 86_400_000).toISOString().slice(0, 10));
+}
+
+function assertChart(days, today, tokens, what) {
+  assert.deepEqual(days.map((d) => d.day), last30Days(), `${what}: one element per day, the last 30 UTC days`);
+  for (const d of days) {
+    assert.equal(d.tokens, d.day === today ? tokens : 0, `${what}: tokens drawn on ${d.day}`);
+  }
+}
+
+async function refreshUsage() {
+  const answered = page.waitForResponse((r) => new URL(r.url()).pathname === '/v1/usage');
+  await page.locator('#refresh-usage').click();
+  const r = await answered;
+  await page.waitForFunction(() => !document.getElementById('usage-status').textContent.startsWith('Loading'));
+  return r;
+}
+
+step('usage: a key used on a metered service shows the tokens the upstream reported, today, this month and in 30-day charts', async () => {
+  assert.equal(await page.locator('#usage').isVisible(), true, 'the usage view is on the page');
+
+  const response = await createKey('usage key', 'chatx');
+  assert.equal(response.status(), 201, `POST /v1/keys: ${response.status()}`);
+  const key = await page.locator('#new-key-value').inputValue();
+  state.usageId = key.slice(3, 19);
+  await page.locator('#dismiss-key').click();
+
+  // Two chat completions through the data plane; the upstream states what each one used.
+  state.usageTokens = 0;
+  state.usageRequests = 2;
+  for (let i = 0; i < state.usageRequests; i += 1) {
+    const r = await fetch(`${env.gateway}/v1/chatx/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'alpha3.6-vl', messages: [{ role: 'user', content: `usage test ${i}` }] }),
+    });
+    const text = await r.text();
+    assert.equal(r.status, 200, `gateway answered ${r.status} ${text}`);
+    const { usage } = JSON.parse(text);
+    assert.ok(usage.prompt_tokens > 0 && usage.completion_tokens > 0, `the upstream reports usage: ${text}`);
+    state.usageTokens += usage.prompt_tokens + usage.completion_tokens;
+  }
+  console.log(`# the upstream reported ${state.usageTokens} tokens for ${state.usageRequests} requests`);
+
+  // Past [metering] flush_seconds, then until the ledger has both (the view's source, asked directly).
+  await new Promise((r) => setTimeout(r, FLUSH_SECONDS * 1000 + 500));
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    const r = await fetch(`${env.admin}/v1/usage?group_by=key`, { headers: { authorization: `Bearer ${state.accessToken}` } });
+    const rows = (await r.json()).usage || [];
+    if (rows.some((row) => row.key === state.usageId && row.requests === state.usageRequests)) break;
+    assert.ok(Date.now() < deadline, `the ledger did not get the requests: ${JSON.stringify(rows)}`);
+    await new Promise((r) => setTimeout(r, 250));
+  }
+
+  const answer = await refreshUsage();
+  assert.equal(answer.status(), 200);
+  const today = new Date().toISOString().slice(0, 10);
+  const tokens = String(state.usageTokens);
+  const requests = String(state.usageRequests);
+  assert.deepEqual(await usageRow(`usage-key-${state.usageId}`),
+    { tokensToday: tokens, requestsToday: requests, tokensMonth: tokens, requestsMonth: requests });
+  assert.match(await page.getByTestId(`usage-key-${state.usageId}`).textContent(), /usage key/, 'the key is named');
+  // The first key called a service without `api`: requests counted, no tokens read.
+  state.inferRequests = upstream.requests.length;
+  const infer = String(state.inferRequests);
+  assert.deepEqual(await usageRow(`usage-key-${state.id}`),
+    { tokensToday: '0', requestsToday: infer, tokensMonth: '0', requestsMonth: infer });
+  const all = String(state.usageRequests + state.inferRequests);
+  assert.deepEqual(await usageRow('usage-total'), { tokensToday: tokens, requestsToday: all, tokensMonth: tokens, requestsMonth: all });
+
+  assertChart(await chartDays(`usage-chart-${state.usageId}`), today, state.usageTokens, 'the key chart');
+  assertChart(await chartDays('usage-chart-total'), today, state.usageTokens, 'the total chart');
+  assert.equal(await page.getByTestId('usage-chart-total').locator('.legend li').count(), 2, 'a legend of prompt and completion');
+  assert.ok((await page.getByTestId('usage-chart-total').locator('svg text.axis').count()) >= 5, 'axis labels');
+  assert.equal(await page.locator('#usage-owners').isHidden(), true, 'no owners table for a user');
+
+  await page.getByTestId('usage').scrollIntoViewIfNeeded();
+  await screenshot('usage-view-desktop');
+  await noHorizontalScroll(390);
+  await page.waitForTimeout(300); // the charts are redrawn at the new width
+  await noHorizontalScroll(390);
+  await screenshot('usage-view-phone-390');
+  await page.setViewportSize({ width: 1280, height: 800 });
+});
+
+step("a failed usage fetch shows the API's error message in the usage view", async () => {
+  // A real refusal from the gateway: the page's request with `from` moved after `to`.
+  await page.route((url) => url.pathname === '/v1/usage', (route) => {
+    const url = new URL(route.request().url());
+    url.searchParams.set('from', '2999-01-01');
+    return route.continue({ url: url.href });
+  });
+  try {
+    const answer = await refreshUsage();
+    assert.equal(answer.status(), 400);
+    const body = await answer.json();
+    await page.locator('#usage-status[data-kind=error]').waitFor();
+    const shown = (await page.locator('#usage-status').textContent()).trim();
+    assert.ok(body.message && shown.includes(body.message), `the API's message is shown: ${shown} (${JSON.stringify(body)})`);
+    assert.ok(shown.includes('HTTP 400'), shown);
+    await page.getByTestId('usage').scrollIntoViewIfNeeded();
+    await screenshot('usage-error');
+  } finally {
+    await page.unrouteAll();
+  }
+  await refreshUsage();
+  assert.notEqual(await page.locator('#usage-status').getAttribute('data-kind'), 'error', 'a later load clears the error');
+  assert.equal(await page.getByTestId(`usage-key-${state.usageId}`).isVisible(), true);
+});
+
 step(`revoke in the page: the gateway refuses the key within cache_ttl_seconds + 1 s (${CACHE_TTL_SECONDS + 1} s)`, async () => {
   let dialog = '';
   page.once('dialog', (d) => {
@@ -481,4 +646,25 @@ step("an administrator (login `admin`, admin scope requested where offered) sees
   await row.waitFor();
   assert.ok((await row.textContent()).includes('alice'), 'alice is shown as the owner');
   await screenshot('admin-view');
+});
+
+step("an administrator's usage view shows every owner's totals and the total chart", async () => {
+  // The first gateway answered the revoke step's polling: what reached the upstream was charged.
+  const requests = String(state.usageRequests + upstream.requests.length);
+  const tokens = String(state.usageTokens);
+  await page.getByTestId('usage-owners').waitFor();
+  assert.deepEqual(await usageRow('usage-owner-alice'),
+    { tokensToday: tokens, requestsToday: requests, tokensMonth: tokens, requestsMonth: requests });
+  assertChart(await chartDays('usage-chart-everyone'), new Date().toISOString().slice(0, 10), state.usageTokens, 'the everyone chart');
+  // The administrator itself owns no key and made no call: its own part says so.
+  assert.equal(await page.getByTestId('usage-empty').isVisible(), true, 'the empty state for the administrator\'s own keys');
+  await page.getByTestId('usage').scrollIntoViewIfNeeded();
+  await screenshot('admin-usage');
+
+  // No CDN, no outside script or font: a console page talked to its own listener and the issuer only.
+  assert.ok(consoleRequests.some((r) => new URL(r.to).pathname === '/v1/usage'), 'usage requests were seen');
+  for (const { from, to } of consoleRequests) {
+    const origin = new URL(to).origin;
+    assert.ok(origin === new URL(from).origin || origin === env.issuer, `${from} requested ${to}`);
+  }
 });
