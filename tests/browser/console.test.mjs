@@ -4,7 +4,7 @@
 // recording upstream. Sign in through the provider's login and consent pages, create a key in
 // the page, call the gateway with it, revoke it in the page, and see the gateway refuse it
 // within cache_ttl_seconds + 1 s. A second key calls an `api = "openai"` service backed by the
-// test kit's fake upstream (target/debug/fake-upstream, FAKE_UPSTREAM= overrides), which states
+// test kit's fake upstream (target/debug/fake-upstream, UPSTREAM= overrides), which states
 // its token counts: the usage view must show exactly those, today, this month and in its 30-day
 // charts. A second gateway on the same key store offers administrator sign-in
 // (`console_admin_sign_in`, `admin_subjects`); the first one must not even show it, and there
@@ -29,7 +29,7 @@ import { freePort, processes, startUpstream, toml } from './processes.mjs';
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const BIN = path.resolve(ROOT, process.env.BIN || 'target/debug/portcullis');
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
-const FAKE_UPSTREAM = path.resolve(ROOT, process.env.FAKE_UPSTREAM || 'target/debug/fake-upstream');
+const FAKE_UPSTREAM = path.resolve(ROOT, process.env.UPSTREAM || 'target/debug/fake-upstream');
 const AUDIENCE = 'urn:portcullis:browser-test';
 const CACHE_TTL_SECONDS = 2;
 const MAX_KEYS_PER_OWNER = 2;
@@ -603,11 +603,12 @@ step('an API error is shown in the live region (over max_keys_per_owner: 409)', 
   await screenshot('error-shown');
 });
 
-step('sign out forgets the token: the key list is gone and the page asks to sign in', async () => {
+step('sign out forgets the token: the key list and usage are gone and the page asks to sign in', async () => {
   await page.locator('#sign-out').click();
   await page.locator('#signed-out').waitFor({ state: 'visible' });
   assert.equal(await page.locator('#app').isHidden(), true);
   assert.equal(await page.locator('#keys-body tr').count(), 0);
+  assert.equal(await page.locator('#usage-keys-body tr, #usage-charts svg').count(), 0, 'the usage numbers are gone too');
   await screenshot('signed-out');
 });
 
