@@ -514,6 +514,9 @@ step('usage: a key used on a metered service shows the tokens the upstream repor
 
   await page.getByTestId('usage').scrollIntoViewIfNeeded();
   await screenshot('usage-view-desktop');
+  await page.emulateMedia({ colorScheme: 'dark' });
+  await screenshot('usage-view-dark');
+  await page.emulateMedia({ colorScheme: 'light' });
   await noHorizontalScroll(390);
   await page.waitForTimeout(300); // the charts are redrawn at the new width
   await noHorizontalScroll(390);
