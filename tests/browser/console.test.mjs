@@ -125,6 +125,8 @@ async function signIn(login, { admin = false, shots = false, base = env.admin } 
   await page.waitForURL((url) => url.href.startsWith(`${base}/`));
   await page.locator('#app').waitFor({ state: 'visible' });
   await page.locator('#keys-table').waitFor();
+  // The page says who signed in once the key list has loaded, a moment after it shows the app.
+  await page.locator('#message:not(:empty)').waitFor();
   const msg = await message();
   assert.match(msg, new RegExp(`Signed in as ${login}`), `sign-in message: ${msg}`);
 }
