@@ -1,6 +1,7 @@
 // Portcullis key console: sign in with OAuth 2.0 authorization code + PKCE (S256) at the
 // configured OpenID provider, then create, list and revoke API keys through the gateway's
-// key-management API on this page's own origin (/v1/keys).
+// key-management API on this page's own origin (/v1/keys), and show their usage (/v1/usage,
+// drawn by usage.js with this file's api(), so the token never leaves this closure).
 //
 // Where things live:
 //   - the access token: in this script's memory only (never localStorage, sessionStorage or a
@@ -24,6 +25,7 @@
   let nextCursor = null; // the `next` of the last page loaded; null: no older keys
   // oidc.js, loaded first: PKCE, discovery, reading claims, dates.
   const { randomString, s256, consoleUrl, getJson, discover, decodeClaims, formatTime } = window.PortcullisOidc;
+  let usage = null; // usage.js's view, made in start() with this file's api(): the token stays here
 
   // ---- small helpers ----------------------------------------------------------------------
 
@@ -146,6 +148,7 @@
     $('more-keys').hidden = true;
     $('keys-body').replaceChildren();
     $('create-form').reset();
+    if (usage) usage.clear();
     render();
     say(message || 'Signed out. The page no longer holds a token.', message ? 'error' : 'info');
   }
@@ -219,9 +222,14 @@
     $('who').hidden = !signedIn;
     $('sign-in').disabled = !config;
     if (signedIn) {
-      const admin = config && config.admin_sign_in && token.scopes.includes(config.admin_scope);
+      const admin = isAdmin();
       $('who').textContent = `Signed in as ${token.sub || 'unknown user'}${admin ? ' (administrator)' : ''}`;
     }
+  }
+
+  // As far as the page can tell: the gateway may also require a listed `sub` (admin_subjects).
+  function isAdmin() {
+    return Boolean(token && config && config.admin_sign_in && token.scopes.includes(config.admin_scope));
   }
 
   function renderScopes() {
@@ -406,6 +414,10 @@
       $('key-name').focus();
     });
     $('keys-title').tabIndex = -1;
+    usage = window.PortcullisUsage.create({
+      api, describe, keys: () => keys, viewer: () => ({ sub: token && token.sub, admin: isAdmin() }),
+    });
+    $('refresh-usage').addEventListener('click', () => usage.load());
 
     try {
       config = await getJson(new URL('config.json', location.href).href, 'console configuration');
@@ -438,6 +450,7 @@
       } catch (err) {
         if (token) say(`Could not list keys: ${describe(err)}`, 'error');
       }
+      if (token) await usage.load(); // after the keys, whose names it shows
       return;
     }
     // A stale round trip (the user came back without finishing) leaves nothing behind.

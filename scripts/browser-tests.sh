@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The key console in a real browser (`make test` runs this last): Debian's Chromium driven by
 # playwright-core through tests/browser/console.test.mjs, against target/debug/portcullis, the
-# real OpenID provider (tests/sdk/idp.mjs) and a recording upstream. See that file for the steps.
+# real OpenID provider (tests/sdk/idp.mjs), a recording upstream and, for the usage view, the
+# test kit's fake upstream (target/debug/fake-upstream; both built by `cargo build` when missing,
+# BIN= and UPSTREAM= override). See that file for the steps.
 #
 # Installs, only when missing or when their lockfiles changed:
 #   tests/sdk/node_modules/      oidc-provider for the identity provider (npm ci, lockfile)
@@ -12,6 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BIN=${BIN:-target/debug/portcullis}
+UPSTREAM=${UPSTREAM:-target/debug/fake-upstream}
 CHROMIUM=${CHROMIUM:-/usr/bin/chromium}
 RUN_TIMEOUT=${BROWSER_TESTS_TIMEOUT:-300}
 
@@ -26,7 +29,8 @@ npm_ci tests/sdk
 npm_ci tests/browser
 
 gateway_binary "$BIN"
+gateway_binary "$UPSTREAM"
 
 say "running tests/browser/console.test.mjs against $BIN with $CHROMIUM"
-BIN=$BIN CHROMIUM=$CHROMIUM timeout --kill-after=10 "$RUN_TIMEOUT" \
+BIN=$BIN UPSTREAM=$UPSTREAM CHROMIUM=$CHROMIUM timeout --kill-after=10 "$RUN_TIMEOUT" \
     node --test tests/browser/console.test.mjs

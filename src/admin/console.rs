@@ -1,4 +1,4 @@
-//! The reference console (`console/`: one page, two scripts, no build step), embedded in the
+//! The reference console (`console/`: one page, three scripts, no build step), embedded in the
 //! binary and served under `/console/` when `[admin] console = true`, so no second web server
 //! is needed. `config.json` tells the page where to sign in.
 
@@ -8,12 +8,14 @@ use crate::config::{AdminSettings, Config};
 const INDEX_HTML: &str = include_str!("../../console/index.html");
 const CONSOLE_JS: &str = include_str!("../../console/console.js");
 const OIDC_JS: &str = include_str!("../../console/oidc.js");
+const USAGE_JS: &str = include_str!("../../console/usage.js");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Asset {
     Index,
     Script,
     OidcScript,
+    UsageScript,
     Config,
 }
 
@@ -23,6 +25,7 @@ impl Asset {
             "/console/" | "/console/index.html" => Some(Asset::Index),
             "/console/console.js" => Some(Asset::Script),
             "/console/oidc.js" => Some(Asset::OidcScript),
+            "/console/usage.js" => Some(Asset::UsageScript),
             "/console/config.json" => Some(Asset::Config),
             _ => None,
         }
@@ -89,6 +92,9 @@ impl Console {
             }
             Asset::OidcScript => {
                 Reply::static_body(200, "text/javascript; charset=utf-8", OIDC_JS.as_bytes())
+            }
+            Asset::UsageScript => {
+                Reply::static_body(200, "text/javascript; charset=utf-8", USAGE_JS.as_bytes())
             }
             Asset::Config => Reply::static_body(200, "application/json", self.config_json),
         };

@@ -3,8 +3,12 @@
 // listener serving console/, the real OpenID provider (tests/sdk/idp.mjs, oidc-provider) and a
 // recording upstream. Sign in through the provider's login and consent pages, create a key in
 // the page, call the gateway with it, revoke it in the page, and see the gateway refuse it
-// within cache_ttl_seconds + 1 s. A second gateway on the same key store offers administrator
-// sign-in (`console_admin_sign_in`, `admin_subjects`); the first one must not even show it.
+// within cache_ttl_seconds + 1 s. A second key calls an `api = "openai"` service backed by the
+// test kit's fake upstream (target/debug/fake-upstream, UPSTREAM= overrides), which states
+// its token counts: the usage view must show exactly those, today, this month and in its 30-day
+// charts. A second gateway on the same key store offers administrator sign-in
+// (`console_admin_sign_in`, `admin_subjects`); the first one must not even show it, and there
+// the administrator sees every owner's usage.
 //
 //   node --test tests/browser/console.test.mjs      (scripts/browser-tests.sh installs and runs it)
 //
@@ -20,14 +24,17 @@ import { fileURLToPath } from 'node:url';
 
 import { chromium } from 'playwright-core';
 
-import { freePort, processes, startUpstream, toml } from './processes.mjs';
+import { freePort, gatewayConfig, processes, startUpstream } from './processes.mjs';
+import { usageSteps } from './usage.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const BIN = path.resolve(ROOT, process.env.BIN || 'target/debug/portcullis');
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const FAKE_UPSTREAM = path.resolve(ROOT, process.env.UPSTREAM || 'target/debug/fake-upstream');
 const AUDIENCE = 'urn:portcullis:browser-test';
 const CACHE_TTL_SECONDS = 2;
 const MAX_KEYS_PER_OWNER = 2;
+const FLUSH_SECONDS = 1;
 const KEY_SHAPE = /^ak_[0-9a-f]{16}\.[A-Za-z0-9_-]{43}$/;
 const CHAT_BODY = JSON.stringify({ messages: [{ role: 'user', content: 'Hello from the browser test' }] });
 
@@ -47,6 +54,7 @@ let page;
 let broken = null; // the first failed step: later steps are skipped, not failed again
 const pageProblems = []; // uncaught errors and console errors in the console page
 const adminSetCookies = []; // Set-Cookie headers from the admin listener (there must be none)
+const consoleRequests = []; // { from, to }: every script, style, image or fetch a console page asked for
 let shot = 0;
 
 // ---- browser helpers ---------------------------------------------------------------------------
@@ -63,6 +71,11 @@ async function newPage() {
   page = await context.newPage();
   page.setDefaultTimeout(15_000);
   page.on('pageerror', (err) => pageProblems.push(`page error at ${page.url()}: ${err.message}`));
+  page.on('request', (r) => {
+    // Navigations are the test's own page.goto or the sign-in redirect: what a page loads or fetches counts.
+    const from = r.frame().url();
+    if (onConsole(from) && !r.isNavigationRequest()) consoleRequests.push({ from, to: r.url() });
+  });
   page.on('response', async (r) => {
     if (onConsole(r.url())) {
       const cookie = await r.headerValue('set-cookie').catch(() => null);
@@ -71,9 +84,11 @@ async function newPage() {
   });
   page.on('console', (msg) => {
     if (msg.type() !== 'error' || !onConsole(page.url())) return;
-    // The API's own 4xx answers (the 409 the test provokes) are logged by Chromium as failed loads.
+    // The API's own 4xx answers (the 409 and the usage 400 the test provokes) are logged by
+    // Chromium as failed loads.
     const from = msg.location().url || '';
-    if (/^Failed to load resource/.test(msg.text()) && onConsole(from) && new URL(from).pathname.startsWith('/v1/keys')) return;
+    const api = (p) => p.startsWith('/v1/keys') || p === '/v1/usage';
+    if (/^Failed to load resource/.test(msg.text()) && onConsole(from) && api(new URL(from).pathname)) return;
     pageProblems.push(`console error at ${page.url()}: ${msg.text()} (${msg.location().url || 'page'})`);
   });
 }
@@ -110,6 +125,8 @@ async function signIn(login, { admin = false, shots = false, base = env.admin } 
   await page.waitForURL((url) => url.href.startsWith(`${base}/`));
   await page.locator('#app').waitFor({ state: 'visible' });
   await page.locator('#keys-table').waitFor();
+  // The page says who signed in once the key list has loaded, a moment after it shows the app.
+  await page.locator('#message:not(:empty)').waitFor();
   const msg = await message();
   assert.match(msg, new RegExp(`Signed in as ${login}`), `sign-in message: ${msg}`);
 }
@@ -157,7 +174,10 @@ function step(name, fn) {
 before(async () => {
   assert.ok(fs.existsSync(BIN), `${BIN} missing: cargo build first`);
   assert.ok(fs.existsSync(CHROMIUM), `${CHROMIUM} missing: apt-get install chromium (make test-deps does)`);
+  assert.ok(fs.existsSync(FAKE_UPSTREAM), `${FAKE_UPSTREAM} missing: cargo build -p testkit --bin fake-upstream`);
   upstream = await startUpstream();
+  const fake = await start('fake-upstream', FAKE_UPSTREAM, ['--port', '0', '--token-delay-ms', '0'], { waitFor: /LISTENING (\d+)/ });
+  env.fakeUpstream = `http://127.0.0.1:${fake.match[1]}`;
   const [gwPort, adminPort, gwPort2, adminPort2] = [await freePort(), await freePort(), await freePort(), await freePort()];
   env.gateway = `http://127.0.0.1:${gwPort}`;
   env.admin = `http://127.0.0.1:${adminPort}`;
@@ -172,34 +192,11 @@ before(async () => {
   // The same key store behind both: keys made on one are seen by the other's administrator.
   const gateway = (name, port, adminPort, adminLines) => {
     const config = path.join(tmp, `${name}.toml`);
-    fs.writeFileSync(config, `# written by tests/browser/console.test.mjs
-[server]
-listen = [${toml(`127.0.0.1:${port}`)}]
-threads = 1
-grace_period_seconds = 1
-graceful_shutdown_timeout_seconds = 1
-upgrade_sock = ${toml(path.join(tmp, `${name}-upgrade.sock`))}
-pid_file = ${toml(path.join(tmp, `${name}.pid`))}
-
-[auth.api_keys]
-database = ${toml(`sqlite://${path.join(tmp, 'keys.db')}`)}
-cache_ttl_seconds = ${CACHE_TTL_SECONDS}
-negative_cache_ttl_seconds = 1
-
-[auth.jwt]
-issuer = ${toml(env.issuer)}
-audience = ${toml(AUDIENCE)}
-
-[admin]
-listen = ${toml(`127.0.0.1:${adminPort}`)}
-console = true
-max_keys_per_owner = ${MAX_KEYS_PER_OWNER}
-${adminLines}
-
-[services.infer]
-upstream = ${toml(`http://127.0.0.1:${upstream.server.address().port}`)}
-scope = "infer"
-`);
+    fs.writeFileSync(config, gatewayConfig({
+      tmp, name, port, adminPort, adminLines, issuer: env.issuer, audience: AUDIENCE,
+      cacheTtlSeconds: CACHE_TTL_SECONDS, flushSeconds: FLUSH_SECONDS, maxKeysPerOwner: MAX_KEYS_PER_OWNER,
+      upstream: `http://127.0.0.1:${upstream.server.address().port}`, fakeUpstream: env.fakeUpstream,
+    }));
     return start(name, BIN, ['serve', '--config', config]);
   };
   await gateway('gateway', gwPort, adminPort, '');
@@ -236,16 +233,25 @@ after(async () => {
 // ---- the steps ---------------------------------------------------------------------------------
 
 const state = {}; // what one step hands the next
+const usage = usageSteps({
+  step, env, state, screenshot, createKey, noHorizontalScroll, consoleRequests,
+  page: () => page, upstream: () => upstream, flushSeconds: FLUSH_SECONDS,
+});
 
 step('the admin listener serves the console page, its scripts and its configuration', async () => {
   const html = await fetch(`${env.admin}/console/`);
   assert.equal(html.status, 200);
   assert.match(html.headers.get('content-type') || '', /^text\/html/);
-  assert.match(await html.text(), /<script src="oidc\.js"><\/script>\s*<script src="console\.js"><\/script>/);
-  for (const script of ['oidc.js', 'console.js']) {
+  assert.match(await html.text(), /<script src="oidc\.js"><\/script>\s*<script src="usage\.js"><\/script>\s*<script src="console\.js"><\/script>/);
+  for (const script of ['oidc.js', 'usage.js', 'console.js']) {
     const js = await fetch(`${env.admin}/console/${script}`);
     assert.equal(js.status, 200, script);
     assert.match(js.headers.get('content-type') || '', /^(text|application)\/javascript/);
+    // Every script gets the page's headers: the same CSP (connect-src: this origin and the issuer only).
+    for (const h of ['content-security-policy', 'x-content-type-options', 'x-frame-options', 'referrer-policy']) {
+      assert.equal(js.headers.get(h), html.headers.get(h), `${script}: ${h}`);
+    }
+    assert.match(js.headers.get('content-security-policy') || '', /connect-src 'self' http:\/\/127\.0\.0\.1:\d+;/, script);
   }
   const cfg = await fetch(`${env.admin}/console/config.json`);
   assert.equal(cfg.status, 200);
@@ -381,6 +387,8 @@ step('the new key works on the gateway, and the upstream never sees it', async (
   assert.ok(!(await page.content()).includes(secret), 'the secret is gone from the page');
 });
 
+usage.userSteps();
+
 step(`revoke in the page: the gateway refuses the key within cache_ttl_seconds + 1 s (${CACHE_TTL_SECONDS + 1} s)`, async () => {
   let dialog = '';
   page.once('dialog', (d) => {
@@ -438,11 +446,12 @@ step('an API error is shown in the live region (over max_keys_per_owner: 409)', 
   await screenshot('error-shown');
 });
 
-step('sign out forgets the token: the key list is gone and the page asks to sign in', async () => {
+step('sign out forgets the token: the key list and usage are gone and the page asks to sign in', async () => {
   await page.locator('#sign-out').click();
   await page.locator('#signed-out').waitFor({ state: 'visible' });
   assert.equal(await page.locator('#app').isHidden(), true);
   assert.equal(await page.locator('#keys-body tr').count(), 0);
+  assert.equal(await page.locator('#usage-keys-body tr, #usage-charts svg').count(), 0, 'the usage numbers are gone too');
   await screenshot('signed-out');
 });
 
@@ -482,3 +491,5 @@ step("an administrator (login `admin`, admin scope requested where offered) sees
   assert.ok((await row.textContent()).includes('alice'), 'alice is shown as the owner');
   await screenshot('admin-view');
 });
+
+usage.adminSteps();

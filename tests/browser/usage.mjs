@@ -1,0 +1,176 @@
+// The console's usage view in the browser test (tests/browser/console.test.mjs registers these
+// steps in its order and hands over its page, state and helpers): a key's calls to a metered
+// service, whose upstream states its token counts, shown today, this month and in 30-day charts;
+// the API's own message on a failed report; an administrator's owner totals.
+import assert from 'node:assert/strict';
+
+// What the usage view shows for one row (a key's or an owner's): the visible numbers.
+async function usageRow(page, testid) {
+  const row = page.getByTestId(testid);
+  await row.waitFor();
+  const text = async (cell) => (await row.getByTestId(cell).textContent()).trim();
+  return {
+    tokensToday: await text('tokens-today'),
+    requestsToday: await text('requests-today'),
+    tokensMonth: await text('tokens-month'),
+    requestsMonth: await text('requests-month'),
+  };
+}
+
+// A chart's days as drawn: [{ day, tokens }] in order.
+async function chartDays(page, testid) {
+  return page.getByTestId(testid).locator('svg g.day').evaluateAll((gs) => gs.map((g) => ({
+    day: g.dataset.day, tokens: Number(g.dataset.tokens), requests: Number(g.dataset.requests),
+  })));
+}
+
+// The last 30 UTC days, oldest first, as the chart must show them.
+function last30Days() {
+  const now = Date.now();
+  return Array.from({ length: 30 }, (_, i) => new Date(now - (29 - i) * 86_400_000).toISOString().slice(0, 10));
+}
+
+function assertChart(days, today, tokens, what) {
+  assert.deepEqual(days.map((d) => d.day), last30Days(), `${what}: one element per day, the last 30 UTC days`);
+  for (const d of days) {
+    assert.equal(d.tokens, d.day === today ? tokens : 0, `${what}: tokens drawn on ${d.day}`);
+  }
+}
+
+async function refreshUsage(page) {
+  const answered = page.waitForResponse((r) => new URL(r.url()).pathname === '/v1/usage');
+  await page.locator('#refresh-usage').click();
+  const r = await answered;
+  await page.waitForFunction(() => !document.getElementById('usage-status').textContent.startsWith('Loading'));
+  return r;
+}
+
+// `ctx`: { step, page() (the current one), env, state, upstream() (the recording one), screenshot,
+// createKey, noHorizontalScroll, consoleRequests, flushSeconds }.
+export function usageSteps(ctx) {
+  const { step, env, state, screenshot, createKey, noHorizontalScroll, consoleRequests, flushSeconds } = ctx;
+  const { page, upstream } = ctx;
+
+  function userSteps() {
+    step('usage: a key used on a metered service shows the tokens the upstream reported, today, this month and in 30-day charts', async () => {
+      assert.equal(await page().locator('#usage').isVisible(), true, 'the usage view is on the page');
+
+      const response = await createKey('usage key', 'chatx');
+      assert.equal(response.status(), 201, `POST /v1/keys: ${response.status()}`);
+      const key = await page().locator('#new-key-value').inputValue();
+      state.usageId = key.slice(3, 19);
+      await page().locator('#dismiss-key').click();
+
+      // Two chat completions through the data plane; the upstream states what each one used.
+      state.usageTokens = 0;
+      state.usageRequests = 2;
+      for (let i = 0; i < state.usageRequests; i += 1) {
+        const r = await fetch(`${env.gateway}/v1/chatx/v1/chat/completions`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ model: 'alpha3.6-vl', messages: [{ role: 'user', content: `usage test ${i}` }] }),
+        });
+        const text = await r.text();
+        assert.equal(r.status, 200, `gateway answered ${r.status} ${text}`);
+        const { usage } = JSON.parse(text);
+        assert.ok(usage.prompt_tokens > 0 && usage.completion_tokens > 0, `the upstream reports usage: ${text}`);
+        state.usageTokens += usage.prompt_tokens + usage.completion_tokens;
+      }
+      console.log(`# the upstream reported ${state.usageTokens} tokens for ${state.usageRequests} requests`);
+
+      // Past [metering] flush_seconds, then until the ledger has both (the view's source, asked directly).
+      await new Promise((r) => setTimeout(r, flushSeconds * 1000 + 500));
+      const deadline = Date.now() + 10_000;
+      for (;;) {
+        const r = await fetch(`${env.admin}/v1/usage?group_by=key`, { headers: { authorization: `Bearer ${state.accessToken}` } });
+        const rows = (await r.json()).usage || [];
+        if (rows.some((row) => row.key === state.usageId && row.requests === state.usageRequests)) break;
+        assert.ok(Date.now() < deadline, `the ledger did not get the requests: ${JSON.stringify(rows)}`);
+        await new Promise((r) => setTimeout(r, 250));
+      }
+
+      const answer = await refreshUsage(page());
+      assert.equal(answer.status(), 200);
+      const today = new Date().toISOString().slice(0, 10);
+      const tokens = String(state.usageTokens);
+      const requests = String(state.usageRequests);
+      assert.deepEqual(await usageRow(page(), `usage-key-${state.usageId}`),
+        { tokensToday: tokens, requestsToday: requests, tokensMonth: tokens, requestsMonth: requests });
+      assert.match(await page().getByTestId(`usage-key-${state.usageId}`).textContent(), /usage key/, 'the key is named');
+      // The first key called a service without `api`: requests counted, no tokens read.
+      state.inferRequests = upstream().requests.length;
+      const infer = String(state.inferRequests);
+      assert.deepEqual(await usageRow(page(), `usage-key-${state.id}`),
+        { tokensToday: '0', requestsToday: infer, tokensMonth: '0', requestsMonth: infer });
+      const all = String(state.usageRequests + state.inferRequests);
+      assert.deepEqual(await usageRow(page(), 'usage-total'), { tokensToday: tokens, requestsToday: all, tokensMonth: tokens, requestsMonth: all });
+
+      assertChart(await chartDays(page(), `usage-chart-${state.usageId}`), today, state.usageTokens, 'the key chart');
+      assertChart(await chartDays(page(), 'usage-chart-total'), today, state.usageTokens, 'the total chart');
+      assert.equal(await page().getByTestId('usage-chart-total').locator('.legend li').count(), 2, 'a legend of prompt and completion');
+      assert.ok((await page().getByTestId('usage-chart-total').locator('svg text.axis').count()) >= 5, 'axis labels');
+      assert.equal(await page().locator('#usage-owners').isHidden(), true, 'no owners table for a user');
+
+      await page().getByTestId('usage').scrollIntoViewIfNeeded();
+      await screenshot('usage-view-desktop');
+      await page().emulateMedia({ colorScheme: 'dark' });
+      await screenshot('usage-view-dark');
+      await page().emulateMedia({ colorScheme: 'light' });
+      await noHorizontalScroll(390);
+      await page().waitForTimeout(300); // the charts are redrawn at the new width
+      await noHorizontalScroll(390);
+      await screenshot('usage-view-phone-390');
+      await page().setViewportSize({ width: 1280, height: 800 });
+    });
+
+    step("a failed usage fetch shows the API's error message in the usage view", async () => {
+      // A real refusal from the gateway: the page's request with `from` moved after `to`.
+      await page().route((url) => url.pathname === '/v1/usage', (route) => {
+        const url = new URL(route.request().url());
+        url.searchParams.set('from', '2999-01-01');
+        return route.continue({ url: url.href });
+      });
+      try {
+        const answer = await refreshUsage(page());
+        assert.equal(answer.status(), 400);
+        const body = await answer.json();
+        await page().locator('#usage-status[data-kind=error]').waitFor();
+        const shown = (await page().locator('#usage-status').textContent()).trim();
+        assert.ok(body.message && shown.includes(body.message), `the API's message is shown: ${shown} (${JSON.stringify(body)})`);
+        assert.ok(shown.includes('HTTP 400'), shown);
+        await page().getByTestId('usage').scrollIntoViewIfNeeded();
+        await screenshot('usage-error');
+      } finally {
+        await page().unrouteAll();
+      }
+      await refreshUsage(page());
+      assert.notEqual(await page().locator('#usage-status').getAttribute('data-kind'), 'error', 'a later load clears the error');
+      assert.equal(await page().getByTestId(`usage-key-${state.usageId}`).isVisible(), true);
+    });
+  }
+
+  function adminSteps() {
+    step("an administrator's usage view shows every owner's totals and the total chart", async () => {
+      // The first gateway answered the revoke step's polling: what reached the upstream was charged.
+      const requests = String(state.usageRequests + upstream().requests.length);
+      const tokens = String(state.usageTokens);
+      await page().getByTestId('usage-owners').waitFor();
+      assert.deepEqual(await usageRow(page(), 'usage-owner-alice'),
+        { tokensToday: tokens, requestsToday: requests, tokensMonth: tokens, requestsMonth: requests });
+      assertChart(await chartDays(page(), 'usage-chart-everyone'), new Date().toISOString().slice(0, 10), state.usageTokens, 'the everyone chart');
+      // The administrator itself owns no key and made no call: its own part says so.
+      assert.equal(await page().getByTestId('usage-empty').isVisible(), true, 'the empty state for the administrator\'s own keys');
+      await page().getByTestId('usage').scrollIntoViewIfNeeded();
+      await screenshot('admin-usage');
+
+      // No CDN, no outside script or font: a console page talked to its own listener and the issuer only.
+      assert.ok(consoleRequests.some((r) => new URL(r.to).pathname === '/v1/usage'), 'usage requests were seen');
+      for (const { from, to } of consoleRequests) {
+        const origin = new URL(to).origin;
+        assert.ok(origin === new URL(from).origin || origin === env.issuer, `${from} requested ${to}`);
+      }
+    });
+  }
+
+  return { userSteps, adminSteps };
+}
