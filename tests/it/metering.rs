@@ -16,6 +16,8 @@ use testkit::upstream::{
 };
 use testkit::{Gateway, Service, Upstream};
 
+use crate::ledger::{total, usage_cli, wait_for};
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Endpoint {
     Chat,
@@ -292,6 +294,26 @@ async fn every_response_is_metered_and_the_client_sees_no_trace_of_it() {
     assert_eq!(
         metric(&gw, "portcullis_usage_unread_total", unread),
         abandoned.len() as u64
+    );
+    // The ledger, read back from the store with `portcullis usage`: the same totals.
+    let requests = (exact.len() + abandoned.len()) as u64;
+    let rows = wait_for(
+        Duration::from_secs(20),
+        || usage_cli(&gw.config, &["--group-by", "key"]),
+        |rows| !rows.is_empty() && total(rows, "requests") == requests,
+    );
+    let fields = [
+        "prompt_tokens",
+        "completion_tokens",
+        "reasoning_tokens",
+        "cached_tokens",
+    ];
+    let ledger = fields.map(|field| total(&rows, field));
+    assert_eq!(ledger, totals, "the ledger: {rows:?}");
+    assert_eq!(
+        total(&rows, "estimated"),
+        abandoned.len() as u64,
+        "{rows:?}"
     );
 }
 

@@ -217,7 +217,7 @@ async fn the_usage_api_shows_owners_their_own_and_administrators_everyones() {
     assert_eq!(
         bob["usage"],
         json!([{"owner": "bob", "service": "chat", "requests": 1,
-        "prompt_tokens": 11, "completion_tokens": 5, "reasoning_tokens": 0, "cached_tokens": 0}])
+        "prompt_tokens": 11, "completion_tokens": 5, "reasoning_tokens": 2, "cached_tokens": 3}])
     );
 
     // Days: inclusive; a range that ends before today holds nothing of today.

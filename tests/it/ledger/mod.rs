@@ -143,7 +143,7 @@ fn usage_api(admin_port: u16, token: &str, query: &str) -> (u16, Value) {
 
 /// `portcullis usage --config CONFIG ARGS…` as rows shaped like the API's: the header line
 /// names the columns, `-` is null. The counts are numbers.
-fn usage_cli(config: &std::path::Path, args: &[&str]) -> Vec<Value> {
+pub(crate) fn usage_cli(config: &std::path::Path, args: &[&str]) -> Vec<Value> {
     let out = tokio::task::block_in_place(|| cli(config, &[&["usage"], args].concat()));
     assert!(
         out.status.success(),
@@ -182,12 +182,12 @@ fn usage_cli(config: &std::path::Path, args: &[&str]) -> Vec<Value> {
 }
 
 /// The sum of one count over rows.
-fn total(rows: &[Value], field: &str) -> u64 {
+pub(crate) fn total(rows: &[Value], field: &str) -> u64 {
     rows.iter().map(|r| r[field].as_u64().unwrap()).sum()
 }
 
 /// Polls `rows` until `done` holds of them, for at most `within`; the last rows seen.
-fn wait_for(
+pub(crate) fn wait_for(
     within: Duration,
     mut rows: impl FnMut() -> Vec<Value>,
     done: impl Fn(&[Value]) -> bool,
