@@ -93,7 +93,7 @@ def metering_method(facts):
         "stream_options, so the gateway adds include_usage upstream, reads the usage and strips it from the",
         "client's stream (checked before the rounds: the client gets the very bytes it gets from `infer`,",
         "and portcullis_tokens_total moves). Asked: the client sends include_usage itself, both sides get",
-        "the usage chunk. Paired as above: the gateway and its twin on one core, two `wrk -t1 -c32` at",
+        "the usage chunk. Paired like the features: the gateway and its twin on one core, two `wrk -t1 -c32` at",
         f"once for {f['meter_seconds']} s each way round, CPU per request of the feature ÷ the base, geometric mean",
         f"of the two ways, median (min–max) of {f['meter_rounds']} rounds. Instructions: one gateway under",
         f"callgrind, {f['cg_requests'] // 2} sequential streamed chats of each kind after {f['cg_warmup']} of warm-up.",
