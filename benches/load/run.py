@@ -49,7 +49,6 @@ from servers import CHAT_BODY, CLIENT_CPU, PROXY_CPU
 from stages_footprint import Footprint
 from stages_latency import Latency
 from stages_metering import Metering
-from stages_throughput import Throughput
 import report
 
 
