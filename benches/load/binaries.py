@@ -54,12 +54,12 @@ class Tools:
         )
 
 
-def build(log, unpatched_floor=True):
-    floors = "the floor twice" if unpatched_floor else "the floor"
+def build(log, unpatched_floor=True, floor=True):
+    floors = "no floor" if not floor else "the floor twice" if unpatched_floor else "the floor"
     log(f"building (cargo build --release; the load tools as release examples; {floors})")
-    for command in BUILDS:
+    for command in BUILDS if floor else BUILDS[:2]:
         subprocess.run(command, cwd=ROOT, check=True)
-    if unpatched_floor:
+    if unpatched_floor and floor:
         build_unpatched_floor()
 
 

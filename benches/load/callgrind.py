@@ -7,7 +7,11 @@ shared machine swing ±15%.
 Run on its own (`python3 benches/load/callgrind.py`), it prints `name value` lines on stdout:
   ir_floor, ir_key     instructions per request, whole process
   hook_<name>          the gateway's own hooks, inclusive, per request
-and keeps the raw profiles under $OUT (default bench-results/callgrind/) for
+With the argument `streams` it counts a streamed chat (the fast upstream's 16-chunk OpenAI
+stream) through one gateway instead, metering off (`infer`), on (`metered`, api = "openai", the
+client sending no stream_options) and asked (`metered`, the client asking include_usage):
+  ir_stream_off, ir_stream_on, ir_stream_asked   instructions per request, whole process
+(profiles stream-off.out, stream-on.out, stream-asked.out). Either way it keeps the raw profiles under $OUT (default bench-results/callgrind/) for
 callgrind_annotate. Knobs: CG_REQUESTS (2000), CG_WARMUP (300); BIN, EX and FLOOR to reuse
 binaries already built (otherwise it builds them). The load benchmark (run.py) uses measure()
 and create_key().
@@ -35,6 +39,10 @@ from common import (
 import binaries  # the binaries' paths and how to build them live in one place
 
 BODY = '{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
+STREAM_BODY = BODY[:-1] + ',"stream":true}'
+STREAM_USAGE_BODY = BODY[:-1] + ',"stream":true,"stream_options":{"include_usage":true}}'
+# (name, service, body): the streamed chats counted by measure_streams.
+STREAM_RUNS = [("off", "infer", STREAM_BODY), ("on", "metered", STREAM_BODY), ("asked", "metered", STREAM_USAGE_BODY)]
 # An async hook's cost is in its future's poll (`…::hook::{{closure}}`) plus the boxing in
 # `…::hook`; both are summed under the hook's name.
 HOOK = re.compile(r"Gateway as pingora_proxy::proxy_trait::ProxyHttp>::")
@@ -45,15 +53,17 @@ def ensure_valgrind(log):
         apt_install(["valgrind"], log)
 
 
-def measure(tools, out_dir, requests, warmup, log):
+def measure(tools, out_dir, requests, warmup, log, streams=False):
     """{ir_floor, ir_key, hook_<name>…}: instructions per request of the patched floor and the
-    gateway, and of each of the gateway's hooks; profiles left in out_dir."""
+    gateway, and of each of the gateway's hooks; profiles left in out_dir. With streams:
+    {ir_stream_off, ir_stream_on, ir_stream_asked} instead (Session.run_streams)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="portcullis-callgrind.") as work:
         procs = Processes()
         try:
-            return Session(tools, Path(work), out_dir, requests, warmup, procs, log).run()
+            session = Session(tools, Path(work), out_dir, requests, warmup, procs, log)
+            return session.run_streams() if streams else session.run()
         finally:
             procs.close()
 
@@ -64,15 +74,19 @@ class Session:
         self.requests, self.warmup = requests, warmup
         self.procs, self.log = procs, log
 
-    def run(self):
+    def start_upstream(self):
         up_port = free_port()
         self.procs.start(
             [self.tools.fast_upstream, "--port", up_port, "--hosts", "1",
-             "--tick-ms", "5000", "--max-life-s", "900"],
+             "--tick-ms", "5000", "--max-life-s", "900", "--stream-chunks", os.environ.get("STREAM_CHUNKS") or 16],
             stdout=self.work / "upstream.log",
             stderr=subprocess.STDOUT,
         )
         wait_line(self.work / "upstream.log", "listening")
+        return up_port
+
+    def run(self):
+        up_port = self.start_upstream()
         gw_port = free_port()
         config = self.work / "portcullis.toml"
         config.write_text(self.gateway_config(gw_port, up_port))
@@ -90,6 +104,45 @@ class Session:
         self.log(f"gateway under callgrind ({self.requests} requests after {self.warmup})")
         figures["ir_key"] = self.profile("gateway", gw_port, [self.tools.gateway, "serve", "--config", config])
         figures.update(self.hooks(self.out / "gateway.out"))
+        return figures
+
+    def run_streams(self):
+        """One gateway under callgrind; each of STREAM_RUNS warmed up, then counted alone
+        between a zeroing and a dump of the counters."""
+        up_port = self.start_upstream()
+        gw_port = free_port()
+        config = self.work / "portcullis.toml"
+        config.write_text(self.gateway_config(gw_port, up_port) + f"""[services.metered]
+upstream = "http://127.0.0.1:{up_port}"
+scope = "infer"
+api = "openai"
+""")
+        self.key = create_key(self.tools.gateway, config, "callgrind")
+        self.log(f"gateway under callgrind, streamed chats off / on / asked ({self.requests} each after {self.warmup})")
+        proc = self.procs.start(
+            # Each dump its own whole profile: names not compressed against an earlier dump.
+            ["valgrind", "--tool=callgrind", "--compress-strings=no", f"--callgrind-out-file={self.work}/stream.%p",
+             self.tools.gateway, "serve", "--config", config],
+            stdout=self.work / "stream.log",
+            stderr=subprocess.STDOUT,
+        )
+        wait_http(f"http://127.0.0.1:{gw_port}/healthz", 60)
+        for _, service, body in STREAM_RUNS:
+            self.drive(gw_port, self.warmup, service, body)
+        figures = {}
+        for name, service, body in STREAM_RUNS:
+            control("-z", proc.pid)
+            self.drive(gw_port, self.requests, service, body)
+            control("-d", proc.pid)
+            dumps = sorted(self.work.glob(f"stream.{proc.pid}*"))
+            if not dumps:
+                raise BenchError(f"callgrind wrote no profile for the {name} streams")
+            target = self.out / f"stream-{name}.out"
+            shutil.move(dumps[-1], target)
+            for old in dumps[:-1]:
+                old.unlink()
+            figures[f"ir_stream_{name}"] = total_instructions(target) // self.requests
+        self.procs.stop(proc, sig=signal.SIGKILL, grace_s=5)
         return figures
 
     def gateway_config(self, gw_port, up_port):
@@ -110,14 +163,14 @@ upstream = "http://127.0.0.1:{up_port}"
 scope = "infer"
 """
 
-    def drive(self, port, count):
+    def drive(self, port, count, service="infer", body=BODY):
         """count sequential chat POSTs through port, each checked to be a 200 by loadgen."""
         done = subprocess.run(
             [
                 str(self.tools.loadgen), "count", "--addr", f"127.0.0.1:{port}", "--method", "POST",
-                "--path", "/v1/infer/v1/chat/completions",
+                "--path", f"/v1/{service}/v1/chat/completions",
                 "--header", f"authorization: Bearer {self.key}", "--header", "content-type: application/json",
-                "--body", BODY, "--count", str(count),
+                "--body", body, "--count", str(count),
             ],
             stdout=subprocess.DEVNULL,
         )
@@ -201,10 +254,11 @@ def main():
     def log(message):
         print(f"callgrind: {message}", file=sys.stderr, flush=True)
 
+    streams = sys.argv[1:] == ["streams"]
     try:
         ensure_valgrind(log)
         if not os.environ.get("BIN"):
-            binaries.build(log, unpatched_floor=False)
+            binaries.build(log, unpatched_floor=False, floor=not streams)
         tools = binaries.Tools.built(os.environ.get("BIN"), os.environ.get("EX"), os.environ.get("FLOOR"))
         figures = measure(
             tools,
@@ -212,6 +266,7 @@ def main():
             int(os.environ.get("CG_REQUESTS", "2000")),
             int(os.environ.get("CG_WARMUP", "300")),
             log,
+            streams=streams,
         )
     except BenchError as e:
         print(f"callgrind: error: {e}", file=sys.stderr)

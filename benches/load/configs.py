@@ -3,7 +3,8 @@ plain reverse proxy with a static bearer check and the gateway's header rewritin
 
 
 def gateway(w, gw_port, metrics_port, up_port, dead_port, redis_port, issuer, access_log_off):
-    """Services: infer (key, jwt), policy (model policy), limited (Redis rate limit), replicas
+    """Services: infer (key, jwt), policy (model policy), metered (api = "openai" alone: metering
+    and nothing else over infer), limited (Redis rate limit), replicas
     (three hosts of one upstream) and failover (a dead replica listed first); w is the work
     directory."""
     up = f"http://127.0.0.1:{up_port}"
@@ -36,6 +37,10 @@ api = "openai"
 [services.policy.models]
 default = "bench-default"
 aliases = {{ bench = "bench-1" }}
+[services.metered]
+upstream = "{up}"
+scope = "infer"
+api = "openai"
 [services.limited]
 upstream = "{up}"
 scope = "infer"

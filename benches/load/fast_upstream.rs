@@ -4,17 +4,27 @@
 //! - a path ending in `/sse` answers a chunked `text/event-stream`: one event at once, then one
 //!   every `--tick-ms`; `?ticks=N` ends the stream after N more events (the connection stays
 //!   alive), without it the stream stays open until the client goes away or `--max-stream-s`;
+//! - a `POST …/chat/completions` whose body has `"stream": true` answers like an
+//!   OpenAI-compatible server: a chunked `text/event-stream` of `--stream-chunks` (16)
+//!   `chat.completion.chunk` events (role first, `finish_reason` last), then `data: [DONE]`.
+//!   With `"include_usage": true` in the body, OpenAI's shape: `"usage":null` in every chunk and
+//!   a usage-only chunk (`"choices":[]`) before `[DONE]`. Preformatted once, written at once;
+//!   each event is its own HTTP chunk, as a server that flushes per token frames it;
 //! - any other request gets a small chat-completion JSON with a Content-Length.
 //!
 //! Request bodies may have a Content-Length or be chunked (the gateway sends bodies it held
 //! back for the model policy chunked).
 //!
-//! Usage: `fast_upstream [--port P] [--hosts N] [--tick-ms MS] [--max-stream-s S] [--max-life-s S]`.
+//! Usage: `fast_upstream [--port P] [--hosts N] [--tick-ms MS] [--max-stream-s S] [--max-life-s S]
+//! [--stream-chunks N]`.
 //! `--hosts N` listens on 127.0.0.1 … 127.0.0.N, all on the same port: N replicas served by
 //! one process, so a many-replica service costs the upstream side nothing more.
 //! Binds 127.0.0.1 only; prints `listening 127.0.0.1:<port>` once ready.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use memchr::memmem;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -22,6 +32,12 @@ use tokio::net::{TcpSocket, TcpStream};
 const CHAT: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}"#;
 const EVENT: &str = "data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"bench\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tick\"},\"finish_reason\":null}]}\n\n";
 const SSE_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n";
+/// A streamed chat, in OpenAI's words (their `chat.completion.chunk`, fields in their order).
+const CHUNK_HEAD: &str = r#"{"id":"chatcmpl-AaBbCcDdEeFfGgHhIiJjKkLlMmNn","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_0123456789","choices":"#;
+const WORDS: [&str; 8] = [
+    "Hello", "!", " How", " can", " I", " help", " you", " today",
+];
+const USAGE: &str = r#""usage":{"prompt_tokens":9,"completion_tokens":16,"total_tokens":25,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}"#;
 const MAX_HEAD: usize = 16 * 1024;
 /// Vision requests carry images of several MB.
 const MAX_BODY: usize = 40 * 1024 * 1024;
@@ -33,6 +49,7 @@ struct Opts {
     max_stream: Duration,
     max_life: Duration,
     hosts: u8,
+    stream_chunks: usize,
 }
 
 fn opts() -> Opts {
@@ -42,6 +59,7 @@ fn opts() -> Opts {
         max_stream: Duration::from_secs(900),
         max_life: Duration::from_secs(3600),
         hosts: 1,
+        stream_chunks: 16,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -56,6 +74,7 @@ fn opts() -> Opts {
             "--max-stream-s" => o.max_stream = Duration::from_secs(n),
             "--max-life-s" => o.max_life = Duration::from_secs(n),
             "--hosts" => o.hosts = n.clamp(1, 254) as u8,
+            "--stream-chunks" => o.stream_chunks = n.clamp(2, 10_000) as usize,
             _ => panic!("unknown flag {flag}"),
         }
     }
@@ -66,8 +85,54 @@ fn chunk(payload: &str) -> Vec<u8> {
     format!("{:x}\r\n{payload}\r\n", payload.len()).into_bytes()
 }
 
+/// One whole streamed chat response (head and chunked body); `usage`: as OpenAI answers a
+/// request with `stream_options.include_usage`.
+fn chat_stream(chunks: usize, usage: bool) -> Vec<u8> {
+    let tail = if usage { ",\"usage\":null}" } else { "}" };
+    let mut out = SSE_HEAD.as_bytes().to_vec();
+    for i in 0..chunks {
+        let choice = if i == 0 {
+            r#"[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}]"#.to_string()
+        } else if i == chunks - 1 {
+            r#"[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]"#.to_string()
+        } else {
+            let word = WORDS[(i - 1) % WORDS.len()];
+            format!(
+                r#"[{{"index":0,"delta":{{"content":"{word}"}},"logprobs":null,"finish_reason":null}}]"#
+            )
+        };
+        out.extend(chunk(&format!("data: {CHUNK_HEAD}{choice}{tail}\n\n")));
+    }
+    if usage {
+        out.extend(chunk(&format!("data: {CHUNK_HEAD}[],{USAGE}}}\n\n")));
+    }
+    out.extend(chunk("data: [DONE]\n\n"));
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+/// The preformatted streamed chats: without and with the usage OpenAI adds.
+struct Streams {
+    plain: Vec<u8>,
+    usage: Vec<u8>,
+}
+
+/// Whether a JSON body sets `key` to `true` (`"key": true`, any spacing): enough for the
+/// bodies the bench sends, without parsing them.
+fn sets_true(body: &[u8], key: &[u8]) -> bool {
+    memmem::find_iter(body, key).any(|at| {
+        let rest = body[at + key.len()..].trim_ascii_start();
+        rest.strip_prefix(b":")
+            .is_some_and(|v| v.trim_ascii_start().starts_with(b"true"))
+    })
+}
+
 fn main() {
     let o = opts();
+    let streams = Arc::new(Streams {
+        plain: chat_stream(o.stream_chunks, false),
+        usage: chat_stream(o.stream_chunks, true),
+    });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -91,13 +156,14 @@ fn main() {
         println!("listening {}", listeners[0].local_addr().unwrap());
         let serve = async {
             for listener in listeners {
+                let streams = streams.clone();
                 tokio::spawn(async move {
                     loop {
                         let Ok((sock, _)) = listener.accept().await else {
                             continue;
                         };
                         let _ = sock.set_nodelay(true);
-                        tokio::spawn(connection(sock, o.tick, o.max_stream));
+                        tokio::spawn(connection(sock, o.tick, o.max_stream, streams.clone()));
                     }
                 });
             }
@@ -108,7 +174,12 @@ fn main() {
     });
 }
 
-async fn connection(mut sock: TcpStream, tick: Duration, max_stream: Duration) {
+async fn connection(
+    mut sock: TcpStream,
+    tick: Duration,
+    max_stream: Duration,
+    streams: Arc<Streams>,
+) {
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut out: Vec<u8> = Vec::with_capacity(4096);
     let chat_response = format!(
@@ -171,7 +242,15 @@ async fn connection(mut sock: TcpStream, tick: Duration, max_stream: Duration) {
                 }
                 continue;
             }
-            out.extend_from_slice(chat_response.as_bytes());
+            let body = &buf[head_len..head_len + body_len];
+            let streamed = req.method == Some("POST")
+                && route.ends_with("/chat/completions")
+                && sets_true(body, b"\"stream\"");
+            out.extend_from_slice(match streamed {
+                true if sets_true(body, b"\"include_usage\"") => &streams.usage,
+                true => &streams.plain,
+                false => chat_response.as_bytes(),
+            });
             buf.drain(..head_len + body_len);
         }
         if !out.is_empty() {

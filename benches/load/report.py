@@ -54,6 +54,70 @@ def ok(condition):
     return "met" if condition else "**missed**"
 
 
+def spread(raw, name):
+    """`median× (min–max)` of a paired figure's rounds."""
+    values = [num(v) for v in raw.values(name) if num(v) == num(v)]
+    if not values:
+        return "n/a"
+    return f"{raw.median(name)}× ({min(values):.3f}–{max(values):.3f})"
+
+
+def metering_rows(raw, facts):
+    """The rows of metering on vs off on a streamed chat (stages_metering.py)."""
+    m = raw.median
+    on = m("meter_on")
+    us = " / ".join(m(f"meter_{n}") for n in ("on_base_us", "on_us", "asked_us"))
+    ir = {n: m(f"ir_stream_{n}") for n in ("off", "on", "asked")}
+    return [
+        f"| paired CPU per request, streamed chat ({facts.get('stream_events', '?')} events), metering on ÷ off "
+        f"| | | {spread(raw, 'meter_on')} | | | ≤ 1.05× | {ok(num(on) <= 1.05)} |",
+        f"| … the client asks include_usage itself (scan only, no stripping) ÷ off | | | {spread(raw, 'meter_asked')} "
+        "| | | | |",
+        f"| … off ÷ off (the pairing's own spread) | | | {spread(raw, 'meter_aa')} | | | | |",
+        f"| proxy CPU per streamed chat in the pairs, off / on / asked (µs) | | | {us} | | | | |",
+        f"| instructions per streamed chat (callgrind), off / on / asked | | | "
+        f"{whole(ir['off'])} / {whole(ir['on'])} / {whole(ir['asked'])} | | "
+        f"| on {ratio(ir['on'], ir['off'])}×, asked {ratio(ir['asked'], ir['off'])}× off | |",
+    ]
+
+
+def metering_method(facts):
+    f = facts
+    return [
+        f"Metering on a streamed chat: the fast upstream answers a chat POST with \"stream\": true by a",
+        f"text/event-stream of {f.get('stream_events', '?')} OpenAI chat.completion.chunk events ({f.get('stream_bytes', '?')} bytes "
+        "to the client) and `data: [DONE]`,",
+        "written at once; with include_usage in the request, `\"usage\":null` in every chunk and a usage-only",
+        "chunk before [DONE], as OpenAI does. Off: service `infer` (no `api`, bytes relayed). On: service",
+        "`metered` (api = \"openai\", no model policy, key store on SQLite), the client sending no",
+        "stream_options, so the gateway adds include_usage upstream, reads the usage and strips it from the",
+        "client's stream (checked before the rounds: the client gets the very bytes it gets from `infer`,",
+        "and portcullis_tokens_total moves). Asked: the client sends include_usage itself, both sides get",
+        "the usage chunk. Paired like the features: the gateway and its twin on one core, two `wrk -t1 -c32` at",
+        f"once for {f['meter_seconds']} s each way round, CPU per request of the feature ÷ the base, geometric mean",
+        f"of the two ways, median (min–max) of {f['meter_rounds']} rounds. Instructions: one gateway under",
+        f"callgrind, {f['cg_requests'] // 2} sequential streamed chats of each kind after {f['cg_warmup']} of warm-up.",
+    ]
+
+
+def render_metering(raw, facts):
+    """The report of ONLY=metering."""
+    f = facts
+    lines = [
+        f"Portcullis metering benchmark, {f['date']}, {f['commit']},",
+        f"{f['cores']} cores ({f['cpu_model']}), Linux {f['kernel']}, load average at start {f['load_at_start']}.",
+        f"Gateway and twin on core {f['proxy_cpu']}; wrk and the upstream on core {f['client_cpu']}.",
+        "",
+        "| measure | | | Portcullis | | | target | |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+        *metering_rows(raw, f),
+        "",
+        *metering_method(f),
+        f"Whole run: {f['elapsed']} s.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def render(raw, facts):
     """The report's text. facts: the run's settings and one-off readings (see run.py)."""
     f = facts
@@ -108,6 +172,7 @@ def render(raw, facts):
         f"| paired req/s ÷ one replica, three replicas | | | {PR}× | | | within 5% | {ok(num(PR) >= 0.95)} |",
         f"| paired req/s ÷ without, Redis rate limit | | | {PD}× | | | ≥ 0.8× | {ok(num(PD) >= 0.8)} |",
         f"| paired req/s ÷ without, model policy | | | {PP}× | | | ≥ 0.9× | {ok(num(PP) >= 0.9)} |",
+        *metering_rows(raw, f),
         f"| p50 at {frate} req/s, dead replica first, one failover each (ms) | | | {ms(F1)} | | "
         f"| added ≤ 1 ms ({ms(FADD)} over {ms(F0)}) | {ok(num(FADD) <= 1000)} |",
         f"| proxy CPU per request, API key (µs) | {cpu['direct']} | {cpu['nginx']} | {cpu['key']} "
@@ -177,6 +242,7 @@ def render(raw, facts):
         "Failover: service `failover` lists a port where nothing listens before the live upstream;",
         f"with one stream held on the live one, least_requests tries the dead one first: {f['failovers']} failed",
         f"connects counted for {requests_failed_over} requests (4 connections, {frate} req/s).",
+        *metering_method(f),
         f"Vision: `loadgen rate` at {f['vision_rate']} req/s on 4 connections, a {f['vision_bytes']}-byte chat body.",
         f"Gateway: `threads = 1`, access log {f['access_log']}, RUST_LOG=warn; nginx {f['nginx_version']}:",
         "`worker_processes 1`, upstream keepalive 128, access_log off, proxy_buffering off.",

@@ -21,12 +21,15 @@ Targets besides "direct", "nginx", "key" (API key) and "jwt" (RS256):
   request fails over; its latency at FAILOVER_RATE is compared with "key".
 - "floor" / "pfloor": a bare Pingora ProxyHttp on crates.io's Pingora and on the patched engine,
   paired with the gateway on the same core (the engine's floor, and what the patches gain).
+- metering on a streamed chat (stages_metering.py): a 16-chunk OpenAI stream through `infer`
+  (off) and `metered` (api = "openai", on), paired on one core; also counted under callgrind.
+  ONLY=metering runs just that (and the servers it needs), for quick iterations on its cost.
 
 This file is the run's flow: the knobs, the order of the stages, the report's facts. Beside it:
 binaries.py (the binaries, their builds, the Debian tools), servers.py (the servers and targets),
 stages_throughput.py (wrk: max req/s, paired rounds), stages_latency.py (loadgen: fixed-rate
 latency, failover, SSE head, vision), stages_footprint.py (held streams' memory, instructions),
-configs.py, report.py, callgrind.py and common.py.
+stages_metering.py (metering on vs off on a streamed chat), configs.py, report.py, callgrind.py and common.py.
 """
 
 import datetime
@@ -45,7 +48,7 @@ from binaries import ROOT, Tools, build, install_tools
 from servers import CHAT_BODY, CLIENT_CPU, PROXY_CPU
 from stages_footprint import Footprint
 from stages_latency import Latency
-from stages_throughput import Throughput
+from stages_metering import Metering
 import report
 
 
@@ -73,6 +76,10 @@ class Settings:
     vision_seconds: int
     cg_requests: int  # callgrind: counted requests
     cg_warmup: int
+    meter_rounds: int  # metering pairs: rounds, and seconds of each way of a pair
+    meter_seconds: int
+    stream_chunks: int  # events of the fast upstream's streamed chat
+    only: str  # "metering": only the metering stage
     keep_work: bool
 
     @classmethod
@@ -95,11 +102,15 @@ class Settings:
             vision_seconds=knob("VISION_SECONDS", 5),
             cg_requests=knob("CG_REQUESTS", 2000),
             cg_warmup=knob("CG_WARMUP", 300),
+            meter_rounds=knob("METER_ROUNDS", 5),
+            meter_seconds=knob("METER_SECONDS", 5),
+            stream_chunks=knob("STREAM_CHUNKS", 16),
+            only=os.environ.get("ONLY", ""),
             keep_work=bool(os.environ.get("KEEP_WORK")),
         )
 
 
-class Bench(Throughput, Latency, Footprint):
+class Bench(Metering, Latency, Footprint):
     """One run: starts everything, measures each stage into `raw`, writes the report. The servers
     and targets are in servers.py, the stages in stages_throughput.py, stages_latency.py and
     stages_footprint.py."""
@@ -116,6 +127,8 @@ class Bench(Throughput, Latency, Footprint):
         self.start_upstream_and_idp()
         self.start_redis()
         self.configure_gateway()
+        if self.s.only == "metering":
+            return self.run_metering(begin_wall, load_at_start)
         self.start_nginx()
         self.gateway = self.start_gateway()
         time.sleep(1)
@@ -124,6 +137,7 @@ class Bench(Throughput, Latency, Footprint):
         self.max_throughput()
         self.start_twin()
         self.floors()
+        self.metering_pairs()  # stages_metering.py
         self.paired_features()
         # latency with loadgen (stages_latency.py); redis_check is in servers.py
         self.latency()
@@ -137,9 +151,20 @@ class Bench(Throughput, Latency, Footprint):
         self.procs.stop(self.gateway)
         self.open_streams()
         self.instructions()
+        self.metering_instructions()
         return self.write_report(begin_wall, load_at_start)
 
-    def write_report(self, begin_wall, load_at_start):
+    def run_metering(self, begin_wall, load_at_start):
+        """ONLY=metering: the gateway, its twin, the metering pairs and their instructions."""
+        self.gateway = self.start_gateway()
+        self.lua = None  # the pairs bring their own scripts
+        self.start_twin()
+        self.metering_pairs()
+        self.procs.stop(self.twin)
+        self.metering_instructions()
+        return self.write_report(begin_wall, load_at_start, report.render_metering)
+
+    def write_report(self, begin_wall, load_at_start, render=report.render):
         s = self.s
         self.facts.update(
             date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -151,10 +176,11 @@ class Bench(Throughput, Latency, Footprint):
             chat_body_bytes=len(CHAT_BODY), sse_count=s.sse_count, streams=s.streams,
             pair_rounds=s.pair_rounds, cg_requests=s.cg_requests, cg_warmup=s.cg_warmup,
             vision_rate=s.vision_rate, access_log=self.access_log, fd_limit=self.fd_limit,
-            loaded_rss=self.loaded_rss, loaded_hwm=self.loaded_hwm,
+            meter_rounds=s.meter_rounds, meter_seconds=s.meter_seconds,
+            loaded_rss=getattr(self, "loaded_rss", 0), loaded_hwm=getattr(self, "loaded_hwm", 0),
             elapsed=int(time.time() - begin_wall),
         )
-        text = report.render(self.raw, self.facts)
+        text = render(self.raw, self.facts)
         out = ROOT / "bench-results"
         out.mkdir(exist_ok=True)
         (out / "latest.md").write_text(text)
@@ -189,7 +215,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="portcullis-bench."))
     try:
         install_tools(log)
-        build(log)
+        build(log, floor=not settings.only)  # ONLY=metering runs no floor
         text = Bench(settings, Tools.built(), work, procs, log).run(begin_wall, load_at_start)
         sys.stdout.write(text)
         return 0

@@ -2,6 +2,7 @@
 what every stage of run.py measures against. Servers is the base of the stage classes; run.Bench
 sets settings, tools, work, procs, log, raw and facts."""
 
+import http.client
 import re
 import resource
 import shutil
@@ -12,6 +13,7 @@ from common import (
     BenchError,
     child_pids,
     free_port,
+    http_get_text,
     http_status,
     read_text,
     split_url,
@@ -24,12 +26,16 @@ import configs
 PROXY_CPU = 0
 CLIENT_CPU = 1
 CHAT_BODY = '{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
+# A streamed chat as the OpenAI SDKs send it (no stream_options), and one that asks for its usage.
+STREAM_BODY = CHAT_BODY[:-1] + ',"stream":true}'
+STREAM_USAGE_BODY = CHAT_BODY[:-1] + ',"stream":true,"stream_options":{"include_usage":true}}'
 TARGETS = ["direct", "nginx", "key", "jwt", "policy", "redis", "replicas"]
 PAIRED = ["replicas", "redis", "policy"]
-# The gateway's service behind each target.
+# The gateway's service behind each target. "metered" (api = "openai", no model policy) and
+# "infer" differ only in metering: the streamed-chat pairs compare them.
 SERVICES = {
     "key": "infer", "jwt": "infer", "policy": "policy", "redis": "limited",
-    "replicas": "replicas", "failover": "failover",
+    "replicas": "replicas", "failover": "failover", "meter_off": "infer", "meter_on": "metered",
 }
 
 
@@ -58,7 +64,7 @@ class Servers:
         self.up_port = free_port()
         self.upstream = self.procs.start(
             [self.tools.fast_upstream, "--port", self.up_port, "--hosts", "3",
-             "--tick-ms", "5000", "--max-life-s", "1800"],
+             "--tick-ms", "5000", "--max-life-s", "1800", "--stream-chunks", self.s.stream_chunks],
             cpu=CLIENT_CPU, stdout=self.work / "upstream.log", stderr=subprocess.STDOUT,
         )
         wait_line(self.work / "upstream.log", "listening")
@@ -196,3 +202,41 @@ class Servers:
         host, port, path = split_url(self.url(target))
         return http_status(host, port, f"{path}/chat/completions", method="POST", body=CHAT_BODY,
                            headers={"authorization": f"Bearer {token}", "content-type": "application/json"})
+
+    def streamed_chat(self, target, body):
+        """(status, content type, body) of one streamed chat through target."""
+        host, port, path = split_url(self.url(target))
+        conn = http.client.HTTPConnection(host, port, timeout=5)
+        try:
+            conn.request("POST", f"{path}/chat/completions", body=body,
+                         headers={"authorization": f"Bearer {self.key}", "content-type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, resp.getheader("content-type", ""), resp.read()
+        finally:
+            conn.close()
+
+    def check_streams(self):
+        """The metering pairs compare like with like: with metering on, the client must get the
+        very bytes it gets with metering off (the gateway's include_usage taken back out), and
+        the usage must have been asked for and read (portcullis_tokens_total moves)."""
+        before = self.tokens("metered")
+        plain = self.streamed_chat("meter_off", STREAM_BODY)
+        if plain[0] != 200 or not plain[1].startswith("text/event-stream") or b'"usage"' in plain[2]:
+            raise BenchError(f"streamed chat through infer: {plain[0]} {plain[1]} {plain[2][:200]!r}")
+        on = self.streamed_chat("meter_on", STREAM_BODY)
+        if on != plain:
+            raise BenchError(f"metering on changed the client's stream: {on[2][:300]!r}")
+        asked = self.streamed_chat("meter_on", STREAM_USAGE_BODY)
+        if asked != self.streamed_chat("meter_off", STREAM_USAGE_BODY) or b'"choices":[],"usage"' not in asked[2]:
+            raise BenchError(f"a stream that asked for its usage did not get it as sent: {asked[2][-400:]!r}")
+        # Exactly the upstream's 25 tokens twice: an estimate (no usage read) would count otherwise.
+        if self.tokens("metered") - before != 2 * 25:
+            raise BenchError("the metered streams' usage was not read (portcullis_tokens_total)")
+        self.facts["stream_events"] = plain[2].count(b"data: {")
+        self.facts["stream_bytes"] = len(plain[2])
+
+    def tokens(self, service):
+        """portcullis_tokens_total of a service, all kinds, from /metrics."""
+        text = http_get_text(f"http://127.0.0.1:{self.metrics_port}/metrics")
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("portcullis_tokens_total{") and f'service="{service}"' in line)

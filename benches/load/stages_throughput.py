@@ -92,14 +92,16 @@ class Throughput(Servers):
         twin_config.write_text(text)
         self.twin = self.start_gateway(twin_config, self.twin_port, "twin.log")
 
-    def pair_once(self, base, target, seconds, a, port_a, b, port_b):
-        """base on process a and target on process b at once → the target's req/s per core ÷
-        the base's, from each process's CPU time per request ("nan" if either did nothing)."""
+    def pair_cpu(self, base, target, seconds, a, port_a, b, port_b, script=None):
+        """base on process a and target on process b at once, both sending `script`'s request
+        (the chat POST by default) → each process's CPU µs per request, (base's, target's);
+        None if either did nothing."""
+        script = script or self.lua
         ca0, cb0 = cpu_ticks(a.pid), cpu_ticks(b.pid)
-        first = subprocess.Popen(wrk_command(self.url(base, port_a), self.token(base), seconds, 32, self.lua),
+        first = subprocess.Popen(wrk_command(self.url(base, port_a), self.token(base), seconds, 32, script),
                                  stdout=subprocess.PIPE, text=True)
         try:
-            out_b = subprocess.run(wrk_command(self.url(target, port_b), self.token(target), seconds, 32, self.lua),
+            out_b = subprocess.run(wrk_command(self.url(target, port_b), self.token(target), seconds, 32, script),
                                    capture_output=True, text=True).stdout
             out_a = first.communicate()[0]
         finally:
@@ -112,10 +114,15 @@ class Throughput(Servers):
             if w["non2xx"]:
                 raise BenchError(f"paired run: non-2xx responses: Non-2xx or 3xx responses: {w['non2xx']}")
         na, nb = int(wa["requests"] or 0), int(wb["requests"] or 0)
-        # (cpu_a / n_a) / (cpu_b / n_b): above 1, the target costs less per request than the base.
         if ca > 0 and cb > 0 and na > 0 and nb > 0:
-            return "%.4f" % ((ca / na) / (cb / nb))
-        return "nan"
+            return ca / CLK_TCK * 1e6 / na, cb / CLK_TCK * 1e6 / nb
+        return None
+
+    def pair_once(self, base, target, seconds, a, port_a, b, port_b):
+        """The target's req/s per core ÷ the base's (pair_cpu), "nan" if either did nothing."""
+        cpu = self.pair_cpu(base, target, seconds, a, port_a, b, port_b)
+        # base's CPU per request ÷ target's: above 1, the target costs less per request.
+        return "%.4f" % (cpu[0] / cpu[1]) if cpu else "nan"
 
     def run_pair(self, base, target, seconds):
         """Both ways round (base on the gateway and the feature on the twin, then the reverse),

@@ -10,6 +10,7 @@
 //! as it is.
 
 use std::ops::Range;
+use std::sync::LazyLock;
 
 use bytes::{Buf, Bytes, BytesMut};
 use memchr::{memchr2, memmem};
@@ -64,25 +65,23 @@ impl UsageStripper {
             }
             return chunk.slice(..complete);
         }
-        let offset = self.held.len();
-        self.held.extend_from_slice(&chunk);
-        let mut out = BytesMut::with_capacity(offset + complete);
-        let mut start = 0;
-        for &end in &self.ends {
-            let event = &self.held[start..offset + end];
-            let verdict = judge(event);
-            self.dropped = matches!(verdict, Verdict::Drop);
-            match verdict {
-                Verdict::Keep => out.extend_from_slice(event),
-                Verdict::Drop => {}
-                Verdict::Remove(member) => {
-                    out.extend_from_slice(&event[..member.start]);
-                    out.extend_from_slice(&event[member.end..]);
-                }
+        let mut out = BytesMut::with_capacity(self.held.len() + complete);
+        if self.held.is_empty() {
+            // Whole events judged where they are; only an unfinished one is copied, to wait.
+            if let Some(dropped) = emit(&chunk, &self.ends, 0, &mut out) {
+                self.dropped = dropped;
             }
-            start = offset + end;
+            self.held.extend_from_slice(&chunk[complete..]);
+        } else {
+            let offset = self.held.len();
+            self.held.extend_from_slice(&chunk);
+            if let Some(dropped) = emit(&self.held, &self.ends, offset, &mut out) {
+                self.dropped = dropped;
+            }
+            // Without a complete event, everything waits.
+            let sent = self.ends.last().map_or(0, |end| offset + end);
+            self.held.advance(sent);
         }
-        self.held.advance(start);
         out.freeze()
     }
 
@@ -92,8 +91,35 @@ impl UsageStripper {
     }
 }
 
+/// The events of `buf` that end at `ends` (offsets past `offset`), as they go on, into
+/// `out`; whether the last one was dropped (None when there was none).
+fn emit(buf: &[u8], ends: &[usize], offset: usize, out: &mut BytesMut) -> Option<bool> {
+    let mut start = 0;
+    let mut dropped = None;
+    for &end in ends {
+        let event = &buf[start..offset + end];
+        let verdict = judge(event);
+        dropped = Some(matches!(verdict, Verdict::Drop));
+        match verdict {
+            Verdict::Keep => out.extend_from_slice(event),
+            Verdict::Drop => {}
+            Verdict::Remove(member) => {
+                out.extend_from_slice(&event[..member.start]);
+                out.extend_from_slice(&event[member.end..]);
+            }
+        }
+        start = offset + end;
+    }
+    dropped
+}
+
+/// Built once: `memmem::find` would build its searcher again on every call (per chunk and
+/// per event), which cost more than the search.
+static USAGE_KEY: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+
 fn mentions_usage(bytes: &[u8]) -> bool {
-    memmem::find(bytes, b"\"usage\"").is_some()
+    USAGE_KEY.find(bytes).is_some()
 }
 
 /// Where lines and events end, across chunks (WHATWG: CRLF, LF or CR end a line; a blank
