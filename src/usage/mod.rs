@@ -36,6 +36,16 @@ use flate2::write::{DeflateDecoder, GzDecoder, ZlibDecoder};
 use object::parse_usage;
 use scan::{JsonScan, SseScan};
 
+/// Built once: `memmem::find` would build its searcher again on every call (per chunk and
+/// per event), which costs more than the search.
+static USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
+
+/// Whether `"usage"` appears in `bytes`: where it does not, no `usage` member can be.
+pub(crate) fn mentions_usage(bytes: &[u8]) -> bool {
+    USAGE_KEY.find(bytes).is_some()
+}
+
 /// How the response body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Framing {

@@ -7,7 +7,9 @@
 //! `data:` prefix or a CRLF). Memory is fixed except for the captured `usage` object, which is
 //! capped at [`USAGE_CAP`] bytes.
 
-use memchr::memchr2;
+use std::sync::LazyLock;
+
+use memchr::{memchr2, memmem};
 
 use super::Usage;
 
@@ -350,6 +352,13 @@ pub(super) fn find_structural(hay: &[u8]) -> Option<usize> {
         .map(|p| at + p)
 }
 
+static UNICODE_ESCAPE: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\\u"));
+
+fn has_unicode_escape(bytes: &[u8]) -> bool {
+    UNICODE_ESCAPE.find(bytes).is_some()
+}
+
 /// Where the event-stream parser is in the current line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Line {
@@ -380,6 +389,8 @@ pub(super) struct SseScan {
     json: JsonScan,
     /// Events whose data began a JSON object (`[DONE]` and other text not counted).
     pub(super) events: u64,
+    /// At the first byte of an event's first data line's value.
+    fresh: bool,
 }
 
 impl SseScan {
@@ -390,6 +401,7 @@ impl SseScan {
             has_data: false,
             json: JsonScan::new(),
             events: 0,
+            fresh: false,
         }
     }
 
@@ -408,6 +420,12 @@ impl SseScan {
             }
             match self.line {
                 Line::Data => {
+                    if std::mem::take(&mut self.fresh) {
+                        if let Some(used) = self.skip_event_without_usage(buf) {
+                            buf = &buf[used..];
+                            continue;
+                        }
+                    }
                     let Some(at) = memchr2(b'\n', b'\r', buf) else {
                         self.json.feed(buf);
                         return;
@@ -490,7 +508,44 @@ impl SseScan {
         if self.has_data {
             self.json.feed(b"\n");
         }
+        self.fresh = !self.has_data;
         self.has_data = true;
+    }
+
+    /// At the start of an event's first data line: when `buf` holds that line and the blank
+    /// line that ends the event, and the line has no `"usage"` and no `\u` escape (the only
+    /// way to spell a key `usage` otherwise), the event cannot change the usage, so it is
+    /// counted and passed over without walking its JSON. Most events of a stream are such
+    /// content chunks. Returns the bytes used, through the blank line.
+    fn skip_event_without_usage(&mut self, buf: &[u8]) -> Option<usize> {
+        let eol = memchr2(b'\n', b'\r', buf)?;
+        let value = &buf[..eol];
+        let line_end = eol
+            + if buf[eol..].starts_with(b"\r\n") {
+                2
+            } else {
+                1
+            };
+        let blank = *buf.get(line_end)?;
+        if !matches!(blank, b'\n' | b'\r')
+            || super::mentions_usage(value)
+            || has_unicode_escape(value)
+        {
+            return None;
+        }
+        let mut used = line_end + 1;
+        if blank == b'\r' && buf.get(used) == Some(&b'\n') {
+            used += 1;
+        }
+        if value.trim_ascii_start().first() == Some(&b'{') {
+            self.events += 1;
+        }
+        self.has_data = false;
+        self.json.reset();
+        self.line = Line::Start;
+        // A CR ending the buffer may be the first half of a CRLF.
+        self.after_cr = blank == b'\r' && used == line_end + 1;
+        Some(used)
     }
 
     /// A blank line: the event ends, the next data starts a new document.

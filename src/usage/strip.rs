@@ -10,10 +10,9 @@
 //! as it is.
 
 use std::ops::Range;
-use std::sync::LazyLock;
 
 use bytes::{Buf, Bytes, BytesMut};
-use memchr::{memchr2, memmem};
+use memchr::memchr2;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
@@ -113,14 +112,7 @@ fn emit(buf: &[u8], ends: &[usize], offset: usize, out: &mut BytesMut) -> Option
     dropped
 }
 
-/// Built once: `memmem::find` would build its searcher again on every call (per chunk and
-/// per event), which cost more than the search.
-static USAGE_KEY: LazyLock<memmem::Finder<'static>> =
-    LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
-
-fn mentions_usage(bytes: &[u8]) -> bool {
-    USAGE_KEY.find(bytes).is_some()
-}
+use super::mentions_usage;
 
 /// Where lines and events end, across chunks (WHATWG: CRLF, LF or CR end a line; a blank
 /// line ends an event).
@@ -177,6 +169,12 @@ fn judge(event: &[u8]) -> Verdict {
     let Some(data) = single_data(event) else {
         return Verdict::Keep;
     };
+    // What OpenAI adds to every content chunk, as its last member: cut without a parse
+    // (in a JSON object that ends so, it can only be the root's own last member).
+    const NULL_USAGE: &[u8] = b",\"usage\":null}";
+    if event[data.clone()].ends_with(NULL_USAGE) {
+        return Verdict::Remove(data.end - NULL_USAGE.len()..data.end - 1);
+    }
     let Ok(text) = std::str::from_utf8(&event[data.clone()]) else {
         return Verdict::Keep;
     };

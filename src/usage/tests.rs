@@ -707,3 +707,26 @@ fn truncated_streams_give_a_prefix_result() {
         );
     }
 }
+
+#[test]
+fn events_are_counted_the_same_whether_passed_over_or_walked() {
+    // Whole events without usage are passed over; fed a byte at a time, every one is walked.
+    for stream in [
+        OPENAI_SSE,
+        "data: {\"a\":1}\n\ndata: {\"b\":\"\\u0041\"}\r\n\r\ndata: [DONE]\r\rdata: {}\n\n",
+        "event: x\ndata:{\"choices\":[]}\n\n: c\n\ndata: {\"usage\":{\"prompt_tokens\":2}}\n\n",
+        "data: {\"x\":1}\ndata: {\"y\":2}\n\ndata: not json\n\n",
+    ] {
+        let mut whole = UsageScanner::new(Framing::EventStream, Encoding::Identity);
+        whole.feed(stream.as_bytes());
+        let mut bytewise = UsageScanner::new(Framing::EventStream, Encoding::Identity);
+        for byte in stream.as_bytes() {
+            bytewise.feed(std::slice::from_ref(byte));
+        }
+        assert_eq!(whole.events(), bytewise.events(), "{stream:?}");
+        assert_eq!(whole.usage(), bytewise.usage(), "{stream:?}");
+    }
+    let mut scanner = UsageScanner::new(Framing::EventStream, Encoding::Identity);
+    scanner.feed(b"data: {\"a\":1}\n\ndata: {\"b\":2}\r\n\r\ndata: [DONE]\n\n");
+    assert_eq!(scanner.events(), 2, "[DONE] is not an object");
+}
