@@ -83,9 +83,70 @@ pub fn parse_lifetime(s: &str, now: i64) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// `2026-01-05` from unix seconds: the UTC day they fall in.
+pub fn date(secs: i64) -> String {
+    let (y, mo, d, ..) = civil(secs);
+    format!("{y:04}-{mo:02}-{d:02}")
+}
+
+/// Unix seconds of the start of a UTC day written `YYYY-MM-DD` (years 1970 to 9999), or None
+/// for anything else, impossible dates (`2026-02-30`) included.
+pub fn parse_date(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    let digits = |r: std::ops::Range<usize>| {
+        b[r.clone()]
+            .iter()
+            .all(u8::is_ascii_digit)
+            .then(|| s[r].parse::<i64>().ok())?
+    };
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+        return None;
+    }
+    let (y, m, d) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
+    if y < 1970 || !(1..=12).contains(&m) || d < 1 {
+        return None;
+    }
+    // Howard Hinnant's days-from-civil; the round trip rejects days past the month's end.
+    let (yy, mm) = if m <= 2 { (y - 1, m + 9) } else { (y, m - 3) };
+    let era = yy.div_euclid(400);
+    let yoe = yy - era * 400;
+    let doy = (153 * mm + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let secs = (era * 146_097 + doe - 719_468) * 86_400;
+    (civil(secs).2 == d).then_some(secs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(parse_date("1970-01-01"), Some(0));
+        assert_eq!(parse_date("2000-02-29"), Some(951_782_400));
+        assert_eq!(
+            parse_date("2026-11-18"),
+            Some(1_795_000_000 / 86_400 * 86_400)
+        );
+        assert_eq!(date(1_795_000_000), "2026-11-18");
+        assert_eq!(date(parse_date("9999-12-31").unwrap()), "9999-12-31");
+        for bad in [
+            "",
+            "2026-1-01",
+            "2026-13-01",
+            "2026-02-30",
+            "2025-02-29",
+            "2026-00-10",
+            "2026-01-00",
+            "1969-12-31",
+            "2026/01/01",
+            "+026-01-01",
+            "2026-01-01T",
+            "２０２６-01-01",
+        ] {
+            assert_eq!(parse_date(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn formats_utc_times() {

@@ -22,8 +22,8 @@ use crate::time::unix_now;
 use lookup::Lookup;
 pub use push::RevocationPush;
 pub use store::{
-    check_postgres_url, is_postgres_url, open_store, KeyRecord, KeyStore, PageEnd, StoreError,
-    StoredKey,
+    check_postgres_url, is_postgres_url, open_store, Grouping, KeyRecord, KeyStore, PageEnd,
+    StoreError, StoredKey, UsageCounts, UsageQuery, UsageRow, UsageTotal,
 };
 
 #[derive(Clone)]

@@ -6,6 +6,7 @@
 
 mod postgres;
 mod sqlite;
+mod usage;
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 
 pub use postgres::{check_url as check_postgres_url, is_url as is_postgres_url, CHANNEL};
 pub use sqlite::SqliteStore;
+pub use usage::{Grouping, UsageCounts, UsageQuery, UsageRow, UsageTotal};
 
 /// The store a `database` URL names: `sqlite://…` or `postgres://…`. `serving`: a gateway
 /// starts even when a Postgres server cannot be reached (a `keys` command fails instead).
@@ -131,6 +133,16 @@ pub trait KeyStore: Send + Sync {
     async fn purge_revoked(&self, _before: i64, _batch: u32) -> Result<u64, StoreError> {
         Ok(0)
     }
+    /// Adds `rows` (hourly, at most one per key) to the usage ledger and its daily rollup, in
+    /// one transaction: all of them or none. Test stores keep no ledger.
+    async fn add_usage(&self, _rows: &[UsageRow]) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Ledger totals of a range of days, sorted by the grouped parts (day, key, owner,
+    /// service, model). Test stores keep no ledger.
+    async fn usage(&self, _query: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
+        Ok(Vec::new())
+    }
 }
 
 /// The statement of one page of `KeyStore::page`, one per shape (so each is planned on its
@@ -224,6 +236,13 @@ const MIGRATIONS: &[Migration] = &[
                 ON api_keys (owner, created_at, key_id);
             CREATE INDEX IF NOT EXISTS api_keys_revoked ON api_keys (revoked_at)
                 WHERE revoked_at IS NOT NULL;",
+    },
+    // The usage ledger (`usage.rs`): hourly rows per key, owner, service and model, and their
+    // daily rollup, which usage reports read.
+    Migration {
+        version: 4,
+        sqlite: usage::MIGRATION,
+        postgres: usage::MIGRATION,
     },
 ];
 

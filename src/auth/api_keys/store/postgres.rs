@@ -13,9 +13,10 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
+use super::usage::{self, Table};
 use super::{
     newer_than_known, page_sql, purge_sql, record, stored, KeyRecord, KeyStore, PageEnd,
-    StoreError, StoredKey, MIGRATIONS, MIGRATIONS_TABLE,
+    StoreError, StoredKey, UsageQuery, UsageRow, UsageTotal, MIGRATIONS, MIGRATIONS_TABLE,
 };
 
 /// The NOTIFY channel a revoke is announced on; the payload is the key id.
@@ -284,5 +285,47 @@ impl KeyStore for PgStore {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn add_usage(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.ready().await?;
+        let (hourly, daily) = (usage::sorted(rows), usage::daily(rows));
+        let mut tx = self.pool.begin().await?;
+        for (table, rows) in [(Table::Hourly, &hourly), (Table::Daily, &daily)] {
+            for chunk in rows.chunks(usage::CHUNK) {
+                let sql = usage::add_sql(table, chunk.len(), '$');
+                let mut query = sqlx::query(&sql);
+                for row in chunk {
+                    let (texts, counts) = row.values();
+                    query = query.bind(row.hour);
+                    for text in texts {
+                        query = query.bind(text);
+                    }
+                    for count in counts {
+                        query = query.bind(count);
+                    }
+                }
+                query.execute(&mut *tx).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
+        self.ready().await?;
+        let sql = usage::usage_sql(q, '$');
+        let mut query = sqlx::query(&sql).bind(q.from_day).bind(q.to_day);
+        if let Some(owner) = &q.owner {
+            query = query.bind(owner);
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        Ok(rows
+            .iter()
+            .map(|r| usage::total(r, &q.group))
+            .collect::<Result<_, _>>()?)
     }
 }

@@ -1,10 +1,14 @@
 //! Files made by earlier releases open with their keys, and take only the steps they lack;
-//! paged listings and the removal of old revocations on a real SQLite file.
+//! paged listings and the removal of old revocations on a real SQLite file; the usage ledger
+//! on SQLite and on a real Postgres server.
 
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
-use super::{page_sql, KeyRecord, KeyStore, PageEnd, SqliteStore, StoredKey};
+use super::{
+    page_sql, Grouping, KeyRecord, KeyStore, PageEnd, SqliteStore, StoredKey, UsageCounts,
+    UsageQuery, UsageRow,
+};
 
 /// The table exactly as the releases before the shared migration list wrote it, with one row,
 /// and their step counter.
@@ -80,7 +84,7 @@ async fn a_file_of_every_earlier_schema_opens_with_its_keys() {
         // Every step of the shared list; the old counter counts the steps after the table.
         assert_eq!(
             recorded(&path).await,
-            (vec![1, 2, 3], 2),
+            (vec![1, 2, 3, 4], 3),
             "with_owner = {with_owner}"
         );
     }
@@ -93,7 +97,7 @@ async fn a_new_file_records_the_shared_steps() {
     let url = format!("sqlite://{}", path.display());
     SqliteStore::open(&url).await.unwrap();
     SqliteStore::open(&url).await.unwrap();
-    assert_eq!(recorded(&path).await, (vec![1, 2, 3], 2));
+    assert_eq!(recorded(&path).await, (vec![1, 2, 3, 4], 3));
 }
 
 /// A key of `owner` made at `created_at`.
@@ -170,4 +174,164 @@ fn page_statements_number_their_parameters_in_order() {
         page_sql(false, false, '?'),
         "SELECT * FROM api_keys ORDER BY created_at DESC, key_id DESC LIMIT ?1"
     );
+}
+
+const DAY: i64 = 86_400;
+const D0: i64 = 1_795_000_000 / DAY * DAY;
+
+fn row(hour: i64, key: &str, owner: &str, service: &str, model: &str, n: u64) -> UsageRow {
+    UsageRow {
+        hour,
+        key_id: key.into(),
+        owner: owner.into(),
+        service: service.into(),
+        model: model.into(),
+        counts: UsageCounts {
+            requests: n,
+            prompt_tokens: 11 * n,
+            completion_tokens: 5 * n,
+            reasoning_tokens: 2 * n,
+            cached_tokens: n,
+            estimated_requests: 0,
+        },
+    }
+}
+
+fn query(from: i64, to: i64, owner: Option<&str>, group: Grouping) -> UsageQuery {
+    UsageQuery {
+        from_day: from,
+        to_day: to,
+        owner: owner.map(str::to_string),
+        group,
+    }
+}
+
+/// The same ledger on either store: repeated flushes add up, hours roll up into days, and
+/// reports filter by owner and days and group as asked.
+async fn ledger_adds_up_and_reports(store: &dyn KeyStore) {
+    let first = [
+        row(D0, "k1", "alice", "infer", "m1", 2),
+        row(D0 + 3600, "k1", "alice", "infer", "m1", 1),
+        row(D0 + 7200, "", "alice", "infer", "", 1),
+        row(D0, "k2", "bob", "embed", "m2", 4),
+        row(D0 + DAY + 3600, "k1", "alice", "infer", "m1", 3),
+        row(D0 + 2 * DAY, "k3", "", "infer", "m1", 1),
+    ];
+    store.add_usage(&first).await.unwrap();
+    // A second flush of an hour already written adds to it.
+    store
+        .add_usage(&[row(D0, "k1", "alice", "infer", "m1", 1)])
+        .await
+        .unwrap();
+    store.add_usage(&[]).await.unwrap();
+
+    let all = Grouping {
+        day: true,
+        key: true,
+        service: true,
+        model: true,
+    };
+    let rows = store.usage(&query(D0, D0, None, all)).await.unwrap();
+    let got: Vec<_> = rows
+        .iter()
+        .map(|t| {
+            (
+                t.key_id.as_deref().unwrap(),
+                t.owner.as_str(),
+                t.counts.requests,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [("", "alice", 1), ("k1", "alice", 4), ("k2", "bob", 4)]
+    );
+    assert_eq!(rows[1].day, Some(D0));
+    assert_eq!(rows[1].model.as_deref(), Some("m1"));
+    assert_eq!(rows[1].counts.prompt_tokens, 44);
+    assert_eq!(rows[1].counts.reasoning_tokens, 8);
+    assert_eq!(
+        rows[0].model.as_deref(),
+        Some(""),
+        "a JWT call's unknown model"
+    );
+
+    // One owner, every day, by nothing: one row of totals.
+    let alice = store
+        .usage(&query(D0, D0 + 2 * DAY, Some("alice"), Grouping::default()))
+        .await
+        .unwrap();
+    assert_eq!(alice.len(), 1);
+    assert_eq!((alice[0].day, alice[0].key_id.as_ref()), (None, None));
+    assert_eq!(alice[0].counts.requests, 8);
+    assert_eq!(alice[0].counts.completion_tokens, 40);
+
+    // By day, everyone: split by owner too, in day then owner order.
+    let by_day = Grouping {
+        day: true,
+        ..Grouping::default()
+    };
+    let days = store
+        .usage(&query(D0, D0 + 2 * DAY, None, by_day))
+        .await
+        .unwrap();
+    let got: Vec<_> = days
+        .iter()
+        .map(|t| {
+            (
+                (t.day.unwrap() - D0) / DAY,
+                t.owner.as_str(),
+                t.counts.requests,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [(0, "alice", 5), (0, "bob", 4), (1, "alice", 3), (2, "", 1)]
+    );
+    // The range is inclusive and nothing outside it counts.
+    let later = store
+        .usage(&query(D0 + DAY, D0 + DAY, None, by_day))
+        .await
+        .unwrap();
+    assert_eq!(later.len(), 1);
+    let none = store
+        .usage(&query(D0 + 3 * DAY, D0 + 9 * DAY, None, by_day))
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    let by_service = Grouping {
+        service: true,
+        model: true,
+        ..Grouping::default()
+    };
+    let services = store
+        .usage(&query(D0, D0 + 2 * DAY, Some("bob"), by_service))
+        .await
+        .unwrap();
+    assert_eq!(services.len(), 1);
+    assert_eq!(services[0].service.as_deref(), Some("embed"));
+}
+
+#[tokio::test]
+async fn the_ledger_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&format!("sqlite://{}/keys.db", dir.path().display()))
+        .await
+        .unwrap();
+    ledger_adds_up_and_reports(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ledger_on_postgres() {
+    let pg = tokio::task::spawn_blocking(testkit::postgres::Postgres::start)
+        .await
+        .unwrap();
+    let store = super::open_store(&pg.url, false).await.unwrap();
+    ledger_adds_up_and_reports(&*store).await;
+    // Hourly rows are kept beside the daily ones: what budgets will sum by hour.
+    let hours = pg.sql("SELECT count(*) FROM usage_hourly WHERE key_id = 'k1'");
+    assert_eq!(hours, "3");
+    drop(store);
+    tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
 }

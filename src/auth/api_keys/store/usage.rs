@@ -1,0 +1,288 @@
+//! The usage ledger's rows and statements, shared by both stores: `usage_hourly` (what budgets
+//! will sum over hours, days and months) and its rollup `usage_daily` (what `GET /v1/usage`
+//! and `portcullis usage` read), both written in one transaction per flush.
+
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+/// Rows per `INSERT` statement: far under either database's limit on bound parameters
+/// (11 per row), and few statements per flush.
+pub(super) const CHUNK: usize = 500;
+
+const DAY: i64 = 86_400;
+
+/// What one (hour, key, owner, service, model) used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UsageCounts {
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub reasoning_tokens: u64,
+    pub cached_tokens: u64,
+    /// Requests whose usage was estimated (an abandoned stream).
+    pub estimated_requests: u64,
+}
+
+impl std::ops::AddAssign for UsageCounts {
+    fn add_assign(&mut self, o: UsageCounts) {
+        self.requests += o.requests;
+        self.prompt_tokens += o.prompt_tokens;
+        self.completion_tokens += o.completion_tokens;
+        self.reasoning_tokens += o.reasoning_tokens;
+        self.cached_tokens += o.cached_tokens;
+        self.estimated_requests += o.estimated_requests;
+    }
+}
+
+impl UsageCounts {
+    /// In column order; the databases store signed 64 bits, which no real count reaches.
+    fn columns(&self) -> [i64; 6] {
+        [
+            self.requests,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.reasoning_tokens,
+            self.cached_tokens,
+            self.estimated_requests,
+        ]
+        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+    }
+}
+
+/// One row added to the ledger. Absent parts are stored as `''` so they can be part of the
+/// primary key: `key_id` for JWT callers, `owner` for keys made without one, `model` unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageRow {
+    /// Unix seconds of the start of the UTC hour (of the day, in `usage_daily`).
+    pub hour: i64,
+    pub key_id: String,
+    pub owner: String,
+    pub service: String,
+    pub model: String,
+    pub counts: UsageCounts,
+}
+
+impl UsageRow {
+    fn key(&self) -> (i64, &str, &str, &str, &str) {
+        (
+            self.hour,
+            &self.key_id,
+            &self.owner,
+            &self.service,
+            &self.model,
+        )
+    }
+
+    /// The five key columns then the six counts, as bound to a statement.
+    pub(super) fn values(&self) -> ([&str; 4], [i64; 6]) {
+        (
+            [&self.key_id, &self.owner, &self.service, &self.model],
+            self.counts.columns(),
+        )
+    }
+}
+
+/// Sorted by primary key, so that concurrent flushes of a fleet lock rows in one order.
+pub(super) fn sorted(rows: &[UsageRow]) -> Vec<UsageRow> {
+    let mut rows = rows.to_vec();
+    rows.sort_by(|a, b| a.key().cmp(&b.key()));
+    rows
+}
+
+/// The rows of `usage_daily` for these hourly rows: one per day and key, sorted. Merged here,
+/// because one statement may not update a row twice (Postgres refuses it).
+pub(super) fn daily(rows: &[UsageRow]) -> Vec<UsageRow> {
+    let mut days: Vec<UsageRow> = rows
+        .iter()
+        .map(|r| UsageRow {
+            hour: r.hour.div_euclid(DAY) * DAY,
+            ..r.clone()
+        })
+        .collect();
+    days.sort_by(|a, b| a.key().cmp(&b.key()));
+    let mut merged: Vec<UsageRow> = Vec::with_capacity(days.len());
+    for row in days {
+        match merged.last_mut() {
+            Some(last) if last.key() == row.key() => last.counts += row.counts,
+            _ => merged.push(row),
+        }
+    }
+    merged
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Table {
+    Hourly,
+    Daily,
+}
+
+/// `INSERT … ON CONFLICT DO UPDATE` adding `rows` rows to a table, in a dialect whose
+/// placeholders are `mark` and a number (`?1`, `$1`): the same statement on both databases.
+pub(super) fn add_sql(table: Table, rows: usize, mark: char) -> String {
+    let (name, time) = match table {
+        Table::Hourly => ("usage_hourly", "hour"),
+        Table::Daily => ("usage_daily", "day"),
+    };
+    let values: Vec<String> = (0..rows)
+        .map(|r| {
+            let params: Vec<String> = (1..=11).map(|c| format!("{mark}{}", r * 11 + c)).collect();
+            format!("({})", params.join(", "))
+        })
+        .collect();
+    let adds: Vec<String> = COUNT_COLUMNS
+        .iter()
+        .map(|c| format!("{c} = {name}.{c} + excluded.{c}"))
+        .collect();
+    format!(
+        "INSERT INTO {name} ({time}, key_id, owner, service, model, {counts}) VALUES {values} \
+         ON CONFLICT ({time}, key_id, owner, service, model) DO UPDATE SET {adds}",
+        counts = COUNT_COLUMNS.join(", "),
+        values = values.join(", "),
+        adds = adds.join(", "),
+    )
+}
+
+const COUNT_COLUMNS: [&str; 6] = [
+    "requests",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
+    "estimated_requests",
+];
+
+/// Which of day, key, service and model a query splits its totals by. Totals are always split
+/// by owner as well.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Grouping {
+    pub day: bool,
+    pub key: bool,
+    pub service: bool,
+    pub model: bool,
+}
+
+/// Totals from `usage_daily` for the UTC days `from_day..=to_day` (unix seconds of each day's
+/// start), of one owner or of everyone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageQuery {
+    pub from_day: i64,
+    pub to_day: i64,
+    pub owner: Option<String>,
+    pub group: Grouping,
+}
+
+/// One line of totals. A part not grouped by is `None`; a grouped part keeps the ledger's
+/// `''` for "none" (a JWT call's key, an unknown model).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageTotal {
+    pub day: Option<i64>,
+    pub key_id: Option<String>,
+    pub owner: String,
+    pub service: Option<String>,
+    pub model: Option<String>,
+    pub counts: UsageCounts,
+}
+
+/// The grouping columns of a query, in output order (owner always).
+fn group_columns(g: &Grouping) -> Vec<&'static str> {
+    let mut columns = Vec::with_capacity(5);
+    for (on, column) in [
+        (g.day, "day"),
+        (g.key, "key_id"),
+        (true, "owner"),
+        (g.service, "service"),
+        (g.model, "model"),
+    ] {
+        if on {
+            columns.push(column);
+        }
+    }
+    columns
+}
+
+/// The statement of `KeyStore::usage`; parameters: first day, last day, then the owner when
+/// filtered. Sums are cast back to 64 bits (Postgres widens a bigint sum to numeric). Read
+/// through the primary key (a day range) or `usage_daily_owner` (one owner's days).
+pub(super) fn usage_sql(q: &UsageQuery, mark: char) -> String {
+    let columns = group_columns(&q.group).join(", ");
+    let sums: Vec<String> = COUNT_COLUMNS
+        .iter()
+        .map(|c| format!("CAST(SUM({c}) AS BIGINT) AS {c}"))
+        .collect();
+    let owner = if q.owner.is_some() {
+        format!(" AND owner = {mark}3")
+    } else {
+        String::new()
+    };
+    format!(
+        "SELECT {columns}, {sums} FROM usage_daily WHERE day >= {mark}1 AND day <= {mark}2{owner} \
+         GROUP BY {columns} ORDER BY {columns}",
+        sums = sums.join(", "),
+    )
+}
+
+/// A row of `usage_sql`'s answer, on either database.
+pub(super) fn total<R>(row: &R, g: &Grouping) -> Result<UsageTotal, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'d> String: Decode<'d, R::Database> + Type<R::Database>,
+    for<'d> i64: Decode<'d, R::Database> + Type<R::Database>,
+{
+    let text = |on: bool, column: &str| -> Result<Option<String>, sqlx::Error> {
+        on.then(|| row.try_get::<String, _>(column)).transpose()
+    };
+    let count = |column: &str| -> Result<u64, sqlx::Error> {
+        Ok(row.try_get::<Option<i64>, _>(column)?.unwrap_or(0).max(0) as u64)
+    };
+    Ok(UsageTotal {
+        day: g.day.then(|| row.try_get("day")).transpose()?,
+        key_id: text(g.key, "key_id")?,
+        owner: row.try_get("owner")?,
+        service: text(g.service, "service")?,
+        model: text(g.model, "model")?,
+        counts: UsageCounts {
+            requests: count("requests")?,
+            prompt_tokens: count("prompt_tokens")?,
+            completion_tokens: count("completion_tokens")?,
+            reasoning_tokens: count("reasoning_tokens")?,
+            cached_tokens: count("cached_tokens")?,
+            estimated_requests: count("estimated_requests")?,
+        },
+    })
+}
+
+/// Step 4 of the shared migrations, the same on both databases: the ledger and its rollup,
+/// keyed as `UsageRow`, with indexes for one key's or one owner's hours (budgets) and one
+/// owner's days (`GET /v1/usage` of a non-administrator).
+pub(super) const MIGRATION: &str = "
+    CREATE TABLE IF NOT EXISTS usage_hourly (
+        hour               BIGINT NOT NULL,
+        key_id             TEXT NOT NULL,
+        owner              TEXT NOT NULL,
+        service            TEXT NOT NULL,
+        model              TEXT NOT NULL,
+        requests           BIGINT NOT NULL,
+        prompt_tokens      BIGINT NOT NULL,
+        completion_tokens  BIGINT NOT NULL,
+        reasoning_tokens   BIGINT NOT NULL,
+        cached_tokens      BIGINT NOT NULL,
+        estimated_requests BIGINT NOT NULL,
+        PRIMARY KEY (hour, key_id, owner, service, model)
+    );
+    CREATE INDEX IF NOT EXISTS usage_hourly_key ON usage_hourly (key_id, hour);
+    CREATE INDEX IF NOT EXISTS usage_hourly_owner ON usage_hourly (owner, hour);
+    CREATE TABLE IF NOT EXISTS usage_daily (
+        day                BIGINT NOT NULL,
+        key_id             TEXT NOT NULL,
+        owner              TEXT NOT NULL,
+        service            TEXT NOT NULL,
+        model              TEXT NOT NULL,
+        requests           BIGINT NOT NULL,
+        prompt_tokens      BIGINT NOT NULL,
+        completion_tokens  BIGINT NOT NULL,
+        reasoning_tokens   BIGINT NOT NULL,
+        cached_tokens      BIGINT NOT NULL,
+        estimated_requests BIGINT NOT NULL,
+        PRIMARY KEY (day, key_id, owner, service, model)
+    );
+    CREATE INDEX IF NOT EXISTS usage_daily_owner ON usage_daily (owner, day);";
