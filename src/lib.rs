@@ -11,6 +11,7 @@ mod cli;
 mod config;
 mod errors;
 mod logging;
+mod metering;
 mod metrics;
 mod model_policy;
 mod proxy;

@@ -371,6 +371,13 @@ impl Metrics {
         self.jwks_fetches.clone()
     }
 
+    /// Registers a collector another module keeps (the usage ledger's), so `/metrics` shows it.
+    pub fn register(&self, collector: Box<dyn prometheus::core::Collector>) {
+        if let Err(e) = self.registry.register(collector) {
+            log::error!("cannot register a metric: {e}");
+        }
+    }
+
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8 * 1024);
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {

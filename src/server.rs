@@ -1,6 +1,6 @@
 //! Assembles the Pingora server from a validated config: the proxy service on the data-plane
-//! listeners, the metrics endpoint, the key API (`[admin]`), the JWKS refresher, the access-log writer and the drain
-//! watcher. Signals (Pingora's): SIGQUIT hands the listeners to a new `-u` process, SIGTERM
+//! listeners, the metrics endpoint, the key API (`[admin]`), the JWKS refresher, the access-log
+//! writer, the usage ledger's flusher and the drain watcher. Signals (Pingora's): SIGQUIT hands the listeners to a new `-u` process, SIGTERM
 //! drains, SIGINT stops at once; SIGHUP (ours) reopens the access-log file.
 
 use std::sync::Arc;
@@ -21,6 +21,7 @@ use crate::auth::api_keys::{open_store, ApiKeyVerifier, KeyEvictor, KeyStore, Re
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::Authenticator;
 use crate::config::Config;
+use crate::metering::{Ledger, LedgerService, Meter, FINAL_FLUSH};
 use crate::metrics::{Metrics, MetricsApp};
 use crate::proxy::{upstream, Gateway};
 use crate::replicas::{DnsRefresh, HealthChecks, MakePeer, Replicas, UpstreamResolver};
@@ -86,6 +87,7 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
         }),
         _ => None,
     };
+    let (meter, ledger) = ledger(&config, &metrics);
     let upstreams = Upstreams::new(&config, &metrics);
     let gateway = Gateway::new(
         &config,
@@ -93,6 +95,7 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
         metrics.clone(),
         access_log.clone(),
         upstreams.replicas,
+        meter,
     );
     let connections = Arc::new(Connections::default());
     let mut http = pingora::proxy::http_proxy(&server.configuration, gateway);
@@ -175,11 +178,18 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
         ));
     }
     server.add_service(background_service("access log", access_log_service));
+    if let Some(ledger) = &ledger {
+        server.add_service(background_service(
+            "usage ledger",
+            LedgerService(ledger.clone()),
+        ));
+    }
     server.add_service(background_service(
         "drain",
         Drain {
             connections,
             access_log: access_log.clone(),
+            ledger: ledger.clone(),
         },
     ));
     server.add_service(background_service(
@@ -189,6 +199,7 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
             grace: Duration::from_secs(config.server.grace_period_seconds),
             graceful_timeout: Duration::from_secs(config.server.graceful_shutdown_timeout_seconds),
             access_log: access_log.clone(),
+            ledger: ledger.clone(),
         },
     ));
     log::info!(
@@ -203,8 +214,32 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
     );
     // Returns after SIGINT, or when the grace period ran out with connections still open.
     server.run(RunArgs::default());
+    // Every request has recorded by now (or was cut by the stop): the ledger's last write.
+    if let Some(ledger) = &ledger {
+        ledger.final_flush(FINAL_FLUSH);
+    }
     access_log.flush(Duration::from_secs(2));
     Ok(())
+}
+
+/// The meter the proxy records into, and the ledger that writes it to the key store: there
+/// is one only with a key store (`[auth.api_keys]`).
+fn ledger(config: &Config, metrics: &Metrics) -> (Arc<Meter>, Option<Arc<Ledger>>) {
+    let Some(keys) = &config.api_keys else {
+        log::info!(
+            "no [auth.api_keys] key store, so no usage ledger: usage is in the metrics and \
+             the access log only"
+        );
+        return (Arc::new(Meter::disabled()), None);
+    };
+    let meter = Arc::new(Meter::new());
+    let ledger = Ledger::new(
+        meter.clone(),
+        &keys.database,
+        config.metering.flush,
+        metrics,
+    );
+    (meter, Some(Arc::new(ledger)))
 }
 
 /// Every service's replicas, and the background services that keep them current.

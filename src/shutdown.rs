@@ -3,7 +3,8 @@
 //! On SIGTERM, and on SIGQUIT once the listening sockets are handed over, Pingora stops
 //! accepting, then sleeps the whole `grace_period_seconds` before stopping its runtimes, even
 //! with nothing left to serve. We count the open client connections; once the listeners are
-//! closed and the count is zero, the access log is flushed and the process exits. Pingora's
+//! closed and the count is zero, every request has recorded: the usage ledger and the access
+//! log are flushed and the process exits. Pingora's
 //! own sleep stays the upper bound for connections that do not finish.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,6 +18,7 @@ use pingora::server::{ExecutionPhase, ShutdownWatch};
 use pingora::services::background::BackgroundService;
 
 use crate::access_log::AccessLog;
+use crate::metering::Ledger;
 
 /// Open client connections of the proxy service, and whether its listeners are closed.
 #[derive(Default)]
@@ -81,6 +83,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Tracked<A> {
 pub struct Drain {
     pub connections: Arc<Connections>,
     pub access_log: AccessLog,
+    pub ledger: Option<Arc<Ledger>>,
 }
 
 /// A connection accepted just before the listeners closed may not have reached
@@ -114,6 +117,9 @@ impl BackgroundService for Drain {
         }
         log::info!("drained: nothing left in flight, exiting");
         // Blocks this worker briefly; nothing else is left to run.
+        if let Some(ledger) = &self.ledger {
+            ledger.final_flush(crate::metering::FINAL_FLUSH);
+        }
         self.access_log.flush(Duration::from_secs(2));
         std::process::exit(0);
     }
@@ -137,6 +143,7 @@ pub struct Watchdog {
     pub grace: Duration,
     pub graceful_timeout: Duration,
     pub access_log: AccessLog,
+    pub ledger: Option<Arc<Ledger>>,
 }
 
 /// How long a fast shutdown (SIGINT) may take.
@@ -152,9 +159,10 @@ impl BackgroundService for Watchdog {
         };
         let (grace, timeout, access_log) =
             (self.grace, self.graceful_timeout, self.access_log.clone());
+        let ledger = self.ledger.clone();
         let spawned = std::thread::Builder::new()
             .name("shutdown-watchdog".into())
-            .spawn(move || watch(phases, grace, timeout, access_log));
+            .spawn(move || watch(phases, grace, timeout, access_log, ledger));
         if let Err(e) = spawned {
             log::error!("cannot start the shutdown watchdog: {e}");
         }
@@ -191,6 +199,7 @@ fn watch(
     grace: Duration,
     graceful_timeout: Duration,
     access_log: AccessLog,
+    ledger: Option<Arc<Ledger>>,
 ) {
     use tokio::sync::broadcast::error::RecvError;
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
@@ -221,6 +230,9 @@ fn watch(
             }
         }
         log::error!("shutdown did not finish in time: exiting now");
+        if let Some(ledger) = &ledger {
+            ledger.final_flush(Duration::from_secs(1));
+        }
         access_log.flush(Duration::from_millis(200));
         // `_exit`: no atexit handlers, no waiting on the threads that failed to stop.
         // SAFETY: ends the process; nothing runs after it.

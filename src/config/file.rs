@@ -19,6 +19,15 @@ pub struct File {
     pub rate_limits: Option<RateLimits>,
     pub admin: Option<Admin>,
     pub dns: Option<Dns>,
+    pub metering: Option<Metering>,
+}
+
+/// `[metering]`: the usage ledger kept in the key store.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metering {
+    /// How often usage recorded in memory is written to the store.
+    pub flush_seconds: Option<u64>,
 }
 
 /// `[dns]`: where upstream host names are resolved.

@@ -127,6 +127,7 @@ impl Config {
                 .filter_map(|(name, s)| v.service(name, s, own_dns))
                 .collect(),
             rate_limits: v.rate_limits(raw.rate_limits),
+            metering: v.metering(raw.metering),
             admin: None,
         };
         let mut config = config;

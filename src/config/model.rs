@@ -25,6 +25,15 @@ pub struct Config {
     pub admin: Option<AdminSettings>,
     /// `[dns] servers`: upstream host names are resolved there; `None`: the system's resolver.
     pub dns_servers: Option<Vec<SocketAddr>>,
+    pub metering: MeteringSettings,
+}
+
+/// `[metering]`: the usage ledger (kept only with a key store, `[auth.api_keys]`).
+#[derive(Debug, Clone)]
+pub struct MeteringSettings {
+    /// `flush_seconds`: how often recorded usage is written to the store, and so the most a
+    /// `kill -9` can lose.
+    pub flush: Duration,
 }
 
 #[derive(Debug, Clone)]

@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::parse::{http_url, load_pem_certs, parse_redis, Resolver};
 use super::{
     expand_env, file, one_line, AccessLogDestination, AccessLogSettings, ApiKeySettings,
-    BufferLimits, ConnectionLimits, JwtSettings, MetricsSettings, RateLimitSettings,
-    ServerSettings, TlsListenSettings, DEFAULT_ACCESS_LOG_BUFFER,
+    BufferLimits, ConnectionLimits, JwtSettings, MeteringSettings, MetricsSettings,
+    RateLimitSettings, ServerSettings, TlsListenSettings, DEFAULT_ACCESS_LOG_BUFFER,
 };
 
 pub const DEFAULT_MAX_BODY: u64 = 32 * 1024 * 1024;
@@ -339,6 +339,16 @@ impl Validator<'_> {
     }
 
     /// `[rate_limits]`: the Redis URL may carry a password, so its problems never quote it.
+    pub fn metering(&mut self, m: Option<file::Metering>) -> MeteringSettings {
+        let seconds = m.and_then(|m| m.flush_seconds).unwrap_or(1);
+        if seconds == 0 {
+            self.problem("metering.flush_seconds", "must be at least 1");
+        }
+        MeteringSettings {
+            flush: Duration::from_secs(seconds.max(1)),
+        }
+    }
+
     pub fn rate_limits(&mut self, r: Option<file::RateLimits>) -> RateLimitSettings {
         let redis = r.and_then(|r| r.redis).and_then(|raw| {
             let url = self.expand("rate_limits.redis", &raw)?;

@@ -30,6 +30,7 @@ use crate::access_log::{self, AccessLog};
 use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::errors::{GatewayError, Malformed};
+use crate::metering::Meter;
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::{Endpoint, Models};
 use crate::replicas::Replicas;
@@ -46,6 +47,7 @@ pub struct Gateway {
     auth: Authenticator,
     metrics: Arc<Metrics>,
     access_log: AccessLog,
+    meter: Arc<Meter>,
 }
 
 /// What `request_filter` decided, taken out of the borrowed request before acting on it.
@@ -68,6 +70,7 @@ impl Gateway {
         metrics: Arc<Metrics>,
         access_log: AccessLog,
         replicas: Vec<Arc<Replicas>>,
+        meter: Arc<Meter>,
     ) -> Gateway {
         Gateway {
             routes: Route::all(config, &metrics, replicas),
@@ -78,6 +81,7 @@ impl Gateway {
             auth,
             metrics,
             access_log,
+            meter,
         }
     }
 
@@ -430,6 +434,9 @@ impl ProxyHttp for Gateway {
         if let Some(usage) = ctx.openai.as_ref().and_then(|x| x.usage()) {
             self.metrics
                 .tokens(service, usage.prompt_tokens, usage.completion_tokens);
+        }
+        if let Some(charge) = record::charge(ctx, service) {
+            self.meter.record(&charge);
         }
         self.metrics.record_for(
             self.service_metrics(ctx),

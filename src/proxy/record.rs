@@ -1,4 +1,4 @@
-//! The record phase: a data-plane request as one access-log line.
+//! The record phase: a data-plane request as one access-log line and as a ledger charge.
 
 use std::time::SystemTime;
 
@@ -6,6 +6,7 @@ use pingora::proxy::Session;
 
 use super::RequestCtx;
 use crate::access_log::{millis, path_only, HttpFields, ProxiedFields, Record};
+use crate::metering::Charge;
 use crate::time::rfc3339_millis;
 
 /// The access-log line of a finished request; `service` is its bounded metrics label.
@@ -48,4 +49,28 @@ pub fn access_line(
         key_event: None,
     }
     .to_line()
+}
+
+/// What the ledger charges for a finished request: every request of an authenticated caller
+/// that was routed and sent upstream, with the usage read from its response (0 when none).
+pub fn charge<'a>(ctx: &'a RequestCtx, service: &'a str) -> Option<Charge<'a>> {
+    let principal = ctx.principal.as_deref()?;
+    ctx.route?;
+    ctx.upstream_sent?;
+    let usage = ctx
+        .openai
+        .as_ref()
+        .and_then(|x| x.usage())
+        .unwrap_or_default();
+    Some(Charge {
+        key_id: principal.key_id(),
+        owner: principal.owner.as_deref(),
+        service,
+        model: ctx.openai.as_ref().and_then(|x| x.model.as_deref()),
+        prompt_tokens: usage.prompt_tokens.unwrap_or(0),
+        completion_tokens: usage.completion_tokens.unwrap_or(0),
+        reasoning_tokens: 0,
+        cached_tokens: 0,
+        estimated: false,
+    })
 }

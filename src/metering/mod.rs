@@ -1,0 +1,183 @@
+//! Metering: usage you can bill from. The proxy hands every routed, forwarded request of an
+//! authenticated caller to `Meter::record` (in memory, a short lock, no I/O); the ledger's
+//! flusher (`flush.rs`) takes the totals every `[metering] flush_seconds` and adds them to the
+//! key store's `usage_hourly` and `usage_daily` in one transaction. `query.rs` reads the
+//! parameters of `GET /v1/usage` and `portcullis usage`.
+
+mod flush;
+pub mod query;
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::Mutex;
+
+pub use flush::{Ledger, LedgerService, FINAL_FLUSH};
+
+use crate::auth::api_keys::{UsageCounts, UsageRow};
+
+/// One request's usage, as the proxy's record step knows it.
+pub struct Charge<'a> {
+    /// None for a JWT caller.
+    pub key_id: Option<&'a str>,
+    pub owner: Option<&'a str>,
+    pub service: &'a str,
+    /// The model after the policy; None when unknown.
+    pub model: Option<&'a str>,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub reasoning_tokens: u64,
+    pub cached_tokens: u64,
+    /// The usage was estimated (an abandoned stream).
+    pub estimated: bool,
+}
+
+/// Locks the record step spreads over: workers charging different rows rarely meet.
+const SHARDS: usize = 16;
+
+/// Totals per (UTC hour, key, owner, service, model) since the last flush.
+pub struct Meter {
+    /// False without a ledger (no `[auth.api_keys]`): recording is then a no-op.
+    enabled: bool,
+    shards: [Mutex<Shard>; SHARDS],
+    hasher: RandomState,
+}
+
+/// Rows by the hash of their key: a request whose row exists finds it through borrowed
+/// strings, with no allocation.
+type Shard = HashMap<u64, Vec<Entry>, BuildHasherDefault<Prehashed>>;
+
+struct Entry {
+    hour: i64,
+    key_id: Box<str>,
+    owner: Box<str>,
+    service: Box<str>,
+    model: Box<str>,
+    counts: UsageCounts,
+}
+
+impl Entry {
+    fn is(&self, hour: i64, parts: [&str; 4]) -> bool {
+        self.hour == hour
+            && *self.key_id == *parts[0]
+            && *self.owner == *parts[1]
+            && *self.service == *parts[2]
+            && *self.model == *parts[3]
+    }
+}
+
+/// The keys of a shard are hashes already.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl Meter {
+    pub fn new() -> Meter {
+        Meter {
+            enabled: true,
+            shards: Default::default(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// A meter that records nothing: the gateway has no key store, so no ledger.
+    pub fn disabled() -> Meter {
+        Meter {
+            enabled: false,
+            ..Meter::new()
+        }
+    }
+
+    /// Adds one request to its row of the current UTC hour. No I/O, no await: a short lock.
+    pub fn record(&self, charge: &Charge<'_>) {
+        if self.enabled {
+            self.record_at(charge, crate::time::unix_now());
+        }
+    }
+
+    fn record_at(&self, c: &Charge<'_>, now: i64) {
+        let counts = UsageCounts {
+            requests: 1,
+            prompt_tokens: c.prompt_tokens,
+            completion_tokens: c.completion_tokens,
+            reasoning_tokens: c.reasoning_tokens,
+            cached_tokens: c.cached_tokens,
+            estimated_requests: u64::from(c.estimated),
+        };
+        let parts = [
+            c.key_id.unwrap_or(""),
+            c.owner.unwrap_or(""),
+            c.service,
+            c.model.unwrap_or(""),
+        ];
+        self.add(now - now.rem_euclid(3600), parts, counts);
+    }
+
+    fn add(&self, hour: i64, parts: [&str; 4], counts: UsageCounts) {
+        let hash = self.hasher.hash_one((hour, parts));
+        let shard = &self.shards[(hash >> 60) as usize % SHARDS];
+        let mut rows = shard.lock().unwrap_or_else(|e| e.into_inner());
+        let bucket = rows.entry(hash).or_default();
+        match bucket.iter_mut().find(|e| e.is(hour, parts)) {
+            Some(entry) => entry.counts += counts,
+            None => bucket.push(Entry {
+                hour,
+                key_id: parts[0].into(),
+                owner: parts[1].into(),
+                service: parts[2].into(),
+                model: parts[3].into(),
+                counts,
+            }),
+        }
+    }
+
+    /// Everything recorded since the last take, leaving the meter empty.
+    pub fn take(&self) -> Vec<UsageRow> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let rows = std::mem::take(&mut *shard.lock().unwrap_or_else(|e| e.into_inner()));
+            out.extend(rows.into_values().flatten().map(|e| UsageRow {
+                hour: e.hour,
+                key_id: e.key_id.into(),
+                owner: e.owner.into(),
+                service: e.service.into(),
+                model: e.model.into(),
+                counts: e.counts,
+            }));
+        }
+        out
+    }
+
+    /// Puts back rows a flush could not write, merged with what was recorded meanwhile.
+    pub fn restore(&self, rows: Vec<UsageRow>) {
+        for r in rows {
+            self.add(
+                r.hour,
+                [&r.key_id, &r.owner, &r.service, &r.model],
+                r.counts,
+            );
+        }
+    }
+}
+
+impl Default for Meter {
+    fn default() -> Meter {
+        Meter::new()
+    }
+}
+
+#[cfg(test)]
+mod tests;
