@@ -1,4 +1,6 @@
-//! The command line (docs/reference.md): `serve` and `keys create|list|revoke`.
+//! The command line (docs/reference.md): `serve`, `keys create|list|revoke` and `usage`.
+
+mod usage;
 
 use std::path::PathBuf;
 
@@ -41,6 +43,21 @@ pub enum Command {
     Keys {
         #[command(subcommand)]
         command: KeysCommand,
+    },
+    /// Print the usage ledger's totals from the key store, one row per line.
+    Usage {
+        #[arg(long)]
+        config: PathBuf,
+        /// First UTC day, YYYY-MM-DD (default: 29 days before --to).
+        #[arg(long)]
+        from: Option<String>,
+        /// Last UTC day, YYYY-MM-DD, included (default: today).
+        #[arg(long)]
+        to: Option<String>,
+        /// Parts to split totals by: any of day,key,service,model (default: all four; rows
+        /// are always split by owner).
+        #[arg(long)]
+        group_by: Option<String>,
     },
 }
 
@@ -99,6 +116,12 @@ pub fn run(cli: Cli) -> Result<(), String> {
             server::serve(config, ServeOptions { daemon, upgrade })
         }
         Command::Keys { command } => keys(command),
+        Command::Usage {
+            config,
+            from,
+            to,
+            group_by,
+        } => usage::run(&config, from.as_deref(), to.as_deref(), group_by.as_deref()),
     }
 }
 

@@ -70,7 +70,7 @@ fn bad_request(message: &str) -> Reply {
 }
 
 /// The store failed: the client may retry; the cause goes to the log only.
-fn store_failed(what: &str, e: &dyn std::fmt::Display) -> Reply {
+pub(super) fn store_failed(what: &str, e: &dyn std::fmt::Display) -> Reply {
     log::warn!("admin: cannot {what}: {e}");
     Reply::error(
         503,

@@ -1,6 +1,6 @@
 //! The key-management API for the console, on its own listener (`[admin]`), and the reference
 //! console page. One request, top to bottom: route → CORS preflight → authenticate (JWTs only)
-//! → rate limit per `sub` → the key operation → CORS and common headers → record (access
+//! → rate limit per `sub` → the key operation or usage report (`usage`) → CORS and common headers → record (access
 //! log, metrics). `retention` deletes keys revoked long ago, in the background.
 
 mod console;
@@ -9,6 +9,7 @@ mod keys;
 mod paging;
 mod reply;
 mod retention;
+mod usage;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -73,6 +74,7 @@ enum Route<'a> {
     ConsoleRoot,
     Keys,
     Key(&'a str),
+    Usage,
     NotFound,
 }
 
@@ -104,6 +106,7 @@ impl AdminApp {
         match path {
             "/openapi.json" => Route::OpenApi,
             "/v1/keys" => Route::Keys,
+            "/v1/usage" => Route::Usage,
             _ => {
                 if let Some(id) = path.strip_prefix("/v1/keys/") {
                     return Route::Key(id);
@@ -124,6 +127,7 @@ impl AdminApp {
         match route {
             Route::Keys => "GET, POST, OPTIONS",
             Route::Key(_) => "DELETE, OPTIONS",
+            Route::Usage => "GET, OPTIONS",
             _ => "GET, HEAD",
         }
     }
@@ -153,7 +157,7 @@ impl AdminApp {
             Route::OpenApi | Route::ConsoleRoot | Route::Console(_) => {
                 return Reply::method_not_allowed(Self::allowed(route));
             }
-            Route::Keys | Route::Key(_) => {}
+            Route::Keys | Route::Key(_) | Route::Usage => {}
         }
         if method == Method::OPTIONS {
             return cors::preflight(
@@ -164,6 +168,7 @@ impl AdminApp {
         }
         let allowed = match route {
             Route::Keys => method == Method::GET || method == Method::POST,
+            Route::Usage => method == Method::GET,
             _ => method == Method::DELETE,
         };
         if !allowed {
@@ -186,6 +191,10 @@ impl AdminApp {
         *principal = Some(caller.clone());
         if let Err(retry_after) = self.limiter.check(&caller) {
             return Reply::rate_limited(retry_after);
+        }
+        if route == Route::Usage {
+            let query = session.req_header().uri.query();
+            return usage::report(&*self.store, &caller, self.is_admin(&caller), query).await;
         }
         let ops = keys::Ops {
             store: &*self.store,

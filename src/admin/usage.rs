@@ -1,0 +1,83 @@
+//! `GET /v1/usage`: ledger totals of a range of UTC days. A caller sees its own usage (its
+//! keys' and its own JWT calls', both billed to its `sub`); an administrator everyone's, or
+//! one owner's with `?owner=`. Rows are always split by owner, so `owner` is always present.
+
+use serde::Serialize;
+
+use super::keys::store_failed;
+use super::reply::Reply;
+use crate::auth::api_keys::{KeyStore, UsageTotal};
+use crate::auth::Principal;
+use crate::metering::query::from_query_string;
+use crate::time::{date, unix_now};
+
+/// One row as the API shows it. A part not grouped by is left out; a grouped part with no
+/// value is `null` (`key` of JWT calls, `model` unknown, `owner` of keys made without one).
+#[derive(Serialize)]
+struct Row<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    day: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<Option<&'a str>>,
+    owner: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<Option<&'a str>>,
+    requests: u64,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    reasoning_tokens: u64,
+    cached_tokens: u64,
+}
+
+/// `''` is the ledger's "none".
+fn some(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+impl<'a> Row<'a> {
+    fn of(t: &'a UsageTotal) -> Row<'a> {
+        Row {
+            day: t.day.map(date),
+            key: t.key_id.as_deref().map(some),
+            owner: some(&t.owner),
+            service: t.service.as_deref(),
+            model: t.model.as_deref().map(some),
+            requests: t.counts.requests,
+            prompt_tokens: t.counts.prompt_tokens,
+            completion_tokens: t.counts.completion_tokens,
+            reasoning_tokens: t.counts.reasoning_tokens,
+            cached_tokens: t.counts.cached_tokens,
+        }
+    }
+}
+
+pub async fn report(
+    store: &dyn KeyStore,
+    caller: &Principal,
+    is_admin: bool,
+    query: Option<&str>,
+) -> Reply {
+    let mut q = match from_query_string(query, unix_now()) {
+        Ok(q) => q,
+        Err(message) => return Reply::error(400, "bad_request", Some(&message)),
+    };
+    if !is_admin {
+        if q.owner.as_deref().is_some_and(|o| *o != *caller.id) {
+            return Reply::error(
+                403,
+                "forbidden",
+                Some("only an administrator may read another owner's usage"),
+            );
+        }
+        q.owner = Some(caller.id.to_string());
+    }
+    let totals = match store.usage(&q).await {
+        Ok(totals) => totals,
+        Err(e) => return store_failed("read usage", &e),
+    };
+    let rows: Vec<Row> = totals.iter().map(Row::of).collect();
+    let body = serde_json::json!({ "usage": rows });
+    Reply::json(200, serde_json::to_vec(&body).unwrap_or_default())
+}

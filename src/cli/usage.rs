@@ -1,0 +1,117 @@
+//! `portcullis usage`: the ledger's totals from the key store, as `GET /v1/usage` gives them
+//! to an administrator, one row per line under a header line.
+
+use crate::auth::api_keys::{self, UsageTotal};
+use crate::config::Config;
+use crate::metering::query::usage_query;
+use crate::time::{date, unix_now};
+
+pub fn run(
+    config: &std::path::Path,
+    from: Option<&str>,
+    to: Option<&str>,
+    group_by: Option<&str>,
+) -> Result<(), String> {
+    // Checked before the store is opened: a typo costs no connection.
+    let query = usage_query(from, to, group_by, None, unix_now()).map_err(|e| {
+        // The API's parameter names, as the flags are spelled here.
+        e.replace("group_by", "--group-by")
+            .replace("from", "--from")
+            .replace("to", "--to")
+    })?;
+    let settings = Config::key_store_from_file(config).map_err(|e| e.summary())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let totals = runtime.block_on(async {
+        let store = api_keys::open_store(&settings.database, false)
+            .await
+            .map_err(|e| format!("cannot open the key store: {e}"))?;
+        store
+            .usage(&query)
+            .await
+            .map_err(|e| format!("cannot read usage: {e}"))
+    })?;
+    print!("{}", table(&totals, &query.group));
+    Ok(())
+}
+
+/// The header and one line per row, columns aligned: the grouped parts (a `-` where the part
+/// has no value: the key of JWT calls, an unknown model, the owner of keys made without one),
+/// then the owner and the counts.
+fn table(totals: &[UsageTotal], g: &api_keys::Grouping) -> String {
+    let none = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    let mut header = Vec::new();
+    for (on, name) in [
+        (g.day, "DAY"),
+        (g.key, "KEY ID"),
+        (true, "OWNER"),
+        (g.service, "SERVICE"),
+        (g.model, "MODEL"),
+    ] {
+        if on {
+            header.push(name.to_string());
+        }
+    }
+    header.extend(
+        [
+            "REQUESTS",
+            "PROMPT",
+            "COMPLETION",
+            "REASONING",
+            "CACHED",
+            "ESTIMATED",
+        ]
+        .map(String::from),
+    );
+    let mut lines = vec![header];
+    for t in totals {
+        let mut line = Vec::new();
+        line.extend(t.day.map(date));
+        line.extend(t.key_id.as_deref().map(none));
+        line.push(none(&t.owner));
+        line.extend(t.service.clone());
+        line.extend(t.model.as_deref().map(none));
+        let c = &t.counts;
+        line.extend(
+            [
+                c.requests,
+                c.prompt_tokens,
+                c.completion_tokens,
+                c.reasoning_tokens,
+                c.cached_tokens,
+                c.estimated_requests,
+            ]
+            .map(|n| n.to_string()),
+        );
+        lines.push(line);
+    }
+    let columns = lines[0].len();
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for line in &lines {
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
