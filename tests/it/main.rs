@@ -11,6 +11,7 @@ mod fleet_rate_limits;
 mod fuzz_corpus;
 mod gateway;
 mod held_bodies;
+mod ledger;
 mod metrics;
 mod model_policy;
 mod null_fields;
