@@ -89,7 +89,7 @@ pub fn date(secs: i64) -> String {
     format!("{y:04}-{mo:02}-{d:02}")
 }
 
-/// Unix seconds of the start of a UTC day written `YYYY-MM-DD` (years 1970 to 9999), or None
+/// Unix seconds of the start of a UTC day written `YYYY-MM-DD` (years 0001 to 9999), or None
 /// for anything else, impossible dates (`2026-02-30`) included.
 pub fn parse_date(s: &str) -> Option<i64> {
     let b = s.as_bytes();
@@ -103,7 +103,7 @@ pub fn parse_date(s: &str) -> Option<i64> {
         return None;
     }
     let (y, m, d) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
-    if y < 1970 || !(1..=12).contains(&m) || d < 1 {
+    if y < 1 || !(1..=12).contains(&m) || d < 1 {
         return None;
     }
     // Howard Hinnant's days-from-civil; the round trip rejects days past the month's end.
@@ -130,6 +130,8 @@ mod tests {
         );
         assert_eq!(date(1_795_000_000), "2026-11-18");
         assert_eq!(date(parse_date("9999-12-31").unwrap()), "9999-12-31");
+        assert_eq!(date(parse_date("0001-01-01").unwrap()), "0001-01-01");
+        assert_eq!(parse_date("1969-12-31"), Some(-86_400));
         for bad in [
             "",
             "2026-1-01",
@@ -138,7 +140,7 @@ mod tests {
             "2025-02-29",
             "2026-00-10",
             "2026-01-00",
-            "1969-12-31",
+            "0000-01-01",
             "2026/01/01",
             "+026-01-01",
             "2026-01-01T",

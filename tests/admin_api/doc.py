@@ -59,15 +59,16 @@ def doc_checks(res):
     def operations():
         ops = sorted(f"{m.upper()} {p}" for p, item in doc["paths"].items() for m in item
                      if m in ("get", "put", "post", "delete", "patch", "head", "options", "trace"))
-        expect_eq(ops, ["DELETE /v1/keys/{id}", "GET /openapi.json", "GET /v1/keys", "POST /v1/keys"], "operations")
+        expect_eq(ops, ["DELETE /v1/keys/{id}", "GET /openapi.json", "GET /v1/keys", "GET /v1/usage",
+                        "POST /v1/keys"], "operations")
         for p, item in doc["paths"].items():
             for m, op in item.items():
                 secured = op.get("security") == [{"bearer": []}]
-                expect(secured == p.startswith("/v1/keys"), f"{m} {p}: security {op.get('security')}")
-                if p.startswith("/v1/keys"):
+                expect(secured == p.startswith("/v1/"), f"{m} {p}: security {op.get('security')}")
+                if p.startswith("/v1/"):
                     expect("401" in op["responses"] and "403" in op["responses"], f"{m} {p}: 401/403 undocumented")
         return ", ".join(ops)
-    res.check("[doc] exactly the four operations, bearer security on /v1/keys only", operations)
+    res.check("[doc] exactly the five operations, bearer security on /v1/ only", operations)
 
     def patterns():
         n = 0
@@ -89,6 +90,14 @@ def doc_checks(res):
                "expires_in refuses a lifetime")
         expect(not any(exp.search(s) for s in ("0s", "d", "10", "5w", "-5m", "1000000d", " 1d", "007d")),
                "expires_in accepts a bad lifetime")
+        group_by = None
+        for param in doc["paths"]["/v1/usage"]["get"]["parameters"]:
+            if param["name"] == "group_by":
+                group_by = re.compile(param["schema"]["pattern"])
+        expect(all(group_by.search(s) for s in ("", "day", "model,key", "day,key,service,model")),
+               "group_by refuses a grouping")
+        expect(not any(group_by.search(s) for s in ("user", "day,", ",day", "day,,key", "DAY", " day")),
+               "group_by accepts a bad grouping")
         return f"{n} patterns"
     res.check("[doc] every pattern compiles and says what the listener accepts", patterns)
 
