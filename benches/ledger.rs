@@ -88,7 +88,18 @@ fn ledger(c: &mut Criterion) {
             ("admin_90_days_by_day_key_service_model", None, DAYS, all()),
             // The default report: 30 days, every part: 3 000 rows.
             ("admin_30_days_by_day_key_service_model", None, 30, all()),
-            // One owner per key, 90 days (the console's key chart): 450 rows.
+            // Aggregated: 90 days by day and key, every key (9 000 groups of one row each).
+            (
+                "admin_90_days_by_day_key",
+                None,
+                DAYS,
+                Grouping {
+                    day: true,
+                    key: true,
+                    ..Grouping::default()
+                },
+            ),
+            // One owner (5 keys), 90 days by day and key (the console's key chart): 450 rows.
             (
                 "owner_90_days_by_day_key",
                 Some("owner-7"),
