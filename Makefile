@@ -67,12 +67,14 @@ fuzz: deps
 	scripts/fuzz.sh run
 
 # Criterion micro-benchmarks of authentication (API keys on SQLite and on a throwaway
-# PostgreSQL server, hence test-deps), then the load benchmark on loopback against the upstream
+# PostgreSQL server, hence test-deps) and of the usage ledger's report query (100 keys × 90
+# days of hourly rows, on both stores), then the load benchmark on loopback against the upstream
 # direct, nginx and the bare-Pingora floor, and instructions per request under callgrind
 # (benches/load/run.py installs wrk, nginx, redis-server and valgrind when missing).
 bench: test-deps
 	$(CARGO) bench --bench auth
 	$(CARGO) bench --bench replicas
+	$(CARGO) bench --bench ledger
 	python3 benches/load/run.py
 
 fmt:

@@ -33,7 +33,9 @@ pub use cli::{run, Cli};
 pub use logging::init as init_logging;
 
 // Benchmarks and property tests of the request path's parts.
-pub use auth::api_keys::{create_key, open_store, ApiKeyVerifier, KeyStore};
+pub use auth::api_keys::{
+    create_key, open_store, ApiKeyVerifier, Grouping, KeyStore, UsageCounts, UsageQuery, UsageRow,
+};
 pub use auth::jwt::JwtVerifier;
 pub use auth::token::{classify as classify_bearer, Bearer};
 pub use config::{Config, JwtSettings};

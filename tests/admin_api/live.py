@@ -321,6 +321,34 @@ def pages(res, gw, doc, token):
               walk)
 
 
+def usage(res, gw, doc, token):
+    """GET /v1/usage: the data-plane call of `round_trip` is in the caller's ledger within a
+    flush (1 s), every row a UsageRow of the caller; bad parameters 400, another owner 403."""
+    def report():
+        sub = jwt_claims(token)["sub"]
+        deadline, rows = time.monotonic() + 5, []
+        while time.monotonic() < deadline:
+            r = requests.get(gw.admin + "/v1/usage", params={"group_by": "key,service"},
+                             headers=bearer(token), timeout=HTTP_TIMEOUT)
+            expect_eq(r.status_code, 200, f"GET /v1/usage ({r.text[:200]!r})")
+            validate_against(doc, "#/components/schemas/UsageReport", r.json(), "usage report")
+            rows = r.json()["usage"]
+            if sum(row["requests"] for row in rows) >= 1:
+                break
+            time.sleep(0.2)
+        expect(rows, "the data-plane call never reached the ledger")
+        expect(all(row["owner"] == sub for row in rows), f"rows of another owner: {rows}")
+        expect(all(set(row) >= {"key", "service"} and "day" not in row for row in rows), f"grouping: {rows}")
+        for params, status in (({"from": "2026-02-30"}, 400), ({"group_by": "user"}, 400),
+                               ({"from": "2026-03-02", "to": "2026-03-01"}, 400), ({"owner": sub + "-other"}, 403)):
+            r = requests.get(gw.admin + "/v1/usage", params=params, headers=bearer(token), timeout=HTTP_TIMEOUT)
+            expect_eq(r.status_code, status, f"{params}")
+            validate_against(doc, "#/components/schemas/Error", r.json(), f"{params}: body")
+        return f"{sum(row['requests'] for row in rows)} request(s) of {sub!r}"
+    res.check("[live] GET /v1/usage shows the caller's own data-plane calls; bad parameters → 400, another owner → 403",
+              report)
+
+
 def rate_limited(res, gw, doc, token):
     """Over requests_per_minute: the documented 429, with Retry-After."""
     def limited():

@@ -196,10 +196,11 @@ fn gateways_and_clis_starting_at_once_apply_the_schema_once() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    // One row per schema step (the table, key ownership, the listing indexes), each applied once.
+    // One row per schema step (the table, key ownership, the listing indexes, the usage
+    // ledger), each applied once.
     assert_eq!(
         pg.sql("SELECT string_agg(version::text, ',' ORDER BY version) FROM portcullis_migrations"),
-        "1,2,3"
+        "1,2,3,4"
     );
     let out = cli(&config, &["keys", "list"]);
     let listed = String::from_utf8_lossy(&out.stdout);

@@ -317,15 +317,14 @@ impl KeyStore for PgStore {
 
     async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
         self.ready().await?;
-        let sql = usage::usage_sql(q, '$');
-        let mut query = sqlx::query(&sql).bind(q.from_day).bind(q.to_day);
+        let sql = usage::usage_sql(q, true);
+        let mut query = sqlx::query_scalar::<_, String>(&sql)
+            .bind(q.from_day)
+            .bind(q.to_day);
         if let Some(owner) = &q.owner {
             query = query.bind(owner);
         }
-        let rows = query.fetch_all(&self.pool).await?;
-        Ok(rows
-            .iter()
-            .map(|r| usage::total(r, &q.group))
-            .collect::<Result<_, _>>()?)
+        let json = query.fetch_one(&self.pool).await?;
+        usage::totals(&json, &q.group)
     }
 }

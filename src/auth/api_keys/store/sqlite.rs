@@ -261,15 +261,14 @@ impl KeyStore for SqliteStore {
     }
 
     async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
-        let sql = usage::usage_sql(q, '?');
-        let mut query = sqlx::query(&sql).bind(q.from_day).bind(q.to_day);
+        let sql = usage::usage_sql(q, false);
+        let mut query = sqlx::query_scalar::<_, String>(&sql)
+            .bind(q.from_day)
+            .bind(q.to_day);
         if let Some(owner) = &q.owner {
             query = query.bind(owner);
         }
-        let rows = query.fetch_all(&self.pool).await?;
-        Ok(rows
-            .iter()
-            .map(|r| usage::total(r, &q.group))
-            .collect::<Result<_, _>>()?)
+        let json = query.fetch_one(&self.pool).await?;
+        usage::totals(&json, &q.group)
     }
 }

@@ -2,7 +2,7 @@
 //! will sum over hours, days and months) and its rollup `usage_daily` (what `GET /v1/usage`
 //! and `portcullis usage` read), both written in one transaction per flush.
 
-use sqlx::{ColumnIndex, Decode, Row, Type};
+use super::StoreError;
 
 /// Rows per `INSERT` statement: far under either database's limit on bound parameters
 /// (11 per row), and few statements per flush.
@@ -200,9 +200,13 @@ fn group_columns(g: &Grouping) -> Vec<&'static str> {
 }
 
 /// The statement of `KeyStore::usage`; parameters: first day, last day, then the owner when
-/// filtered. Sums are cast back to 64 bits (Postgres widens a bigint sum to numeric). Read
-/// through the primary key (a day range) or `usage_daily_owner` (one owner's days).
-pub(super) fn usage_sql(q: &UsageQuery, mark: char) -> String {
+/// filtered. Read through the primary key (a day range) or `usage_daily_owner` (one owner's
+/// days). The database returns the whole answer as one JSON array of row arrays (grouped parts,
+/// then the counts): a report of thousands of rows then costs one value to fetch, where row by
+/// row the drivers spent more time than the query itself (`benches/ledger.rs`). Sums are cast
+/// back to 64 bits (Postgres widens a bigint sum to numeric).
+pub(super) fn usage_sql(q: &UsageQuery, postgres: bool) -> String {
+    let mark = if postgres { '$' } else { '?' };
     let columns = group_columns(&q.group).join(", ");
     let sums: Vec<String> = COUNT_COLUMNS
         .iter()
@@ -213,42 +217,89 @@ pub(super) fn usage_sql(q: &UsageQuery, mark: char) -> String {
     } else {
         String::new()
     };
-    format!(
-        "SELECT {columns}, {sums} FROM usage_daily WHERE day >= {mark}1 AND day <= {mark}2{owner} \
-         GROUP BY {columns} ORDER BY {columns}",
-        sums = sums.join(", "),
-    )
+    let filter = format!("day >= {mark}1 AND day <= {mark}2{owner}");
+    let g = &q.group;
+    let rows = if g.day && g.key && g.service && g.model {
+        // Grouped by every part: each daily row is a group of its own, so the rows are read as
+        // they are, with no aggregation (which costs most of a large report on SQLite).
+        format!(
+            "SELECT {columns}, {counts} FROM usage_daily WHERE {filter}",
+            counts = COUNT_COLUMNS.join(", ")
+        )
+    } else {
+        format!(
+            "SELECT {columns}, {sums} FROM usage_daily WHERE {filter} GROUP BY {columns}",
+            sums = sums.join(", "),
+        )
+    };
+    let cells = format!("{columns}, {}", COUNT_COLUMNS.join(", "));
+    if postgres {
+        format!("SELECT COALESCE(json_agg(json_build_array({cells})), '[]'::json)::text FROM ({rows}) AS t")
+    } else {
+        format!("SELECT json_group_array(json_array({cells})) FROM ({rows})")
+    }
 }
 
-/// A row of `usage_sql`'s answer, on either database.
-pub(super) fn total<R>(row: &R, g: &Grouping) -> Result<UsageTotal, sqlx::Error>
-where
-    R: Row,
-    for<'c> &'c str: ColumnIndex<R>,
-    for<'d> String: Decode<'d, R::Database> + Type<R::Database>,
-    for<'d> i64: Decode<'d, R::Database> + Type<R::Database>,
-{
-    let text = |on: bool, column: &str| -> Result<Option<String>, sqlx::Error> {
-        on.then(|| row.try_get::<String, _>(column)).transpose()
-    };
-    let count = |column: &str| -> Result<u64, sqlx::Error> {
-        Ok(row.try_get::<Option<i64>, _>(column)?.unwrap_or(0).max(0) as u64)
-    };
-    Ok(UsageTotal {
-        day: g.day.then(|| row.try_get("day")).transpose()?,
-        key_id: text(g.key, "key_id")?,
-        owner: row.try_get("owner")?,
-        service: text(g.service, "service")?,
-        model: text(g.model, "model")?,
-        counts: UsageCounts {
-            requests: count("requests")?,
-            prompt_tokens: count("prompt_tokens")?,
-            completion_tokens: count("completion_tokens")?,
-            reasoning_tokens: count("reasoning_tokens")?,
-            cached_tokens: count("cached_tokens")?,
-            estimated_requests: count("estimated_requests")?,
-        },
-    })
+/// The totals in `usage_sql`'s JSON answer, sorted by day, key, owner, service and model.
+pub(super) fn totals(json: &str, g: &Grouping) -> Result<Vec<UsageTotal>, StoreError> {
+    let rows: Vec<Vec<serde_json::Value>> = serde_json::from_str(json)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let mut cells = row.into_iter();
+        let day = if g.day {
+            Some(number(&mut cells)?)
+        } else {
+            None
+        };
+        let key_id = text(&mut cells, g.key)?;
+        let owner = text(&mut cells, true)?.unwrap_or_default();
+        let service = text(&mut cells, g.service)?;
+        let model = text(&mut cells, g.model)?;
+        let mut counts = [0u64; 6];
+        for count in &mut counts {
+            *count = number(&mut cells)?.max(0) as u64;
+        }
+        let [requests, prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens, estimated_requests] =
+            counts;
+        out.push(UsageTotal {
+            day,
+            key_id,
+            owner,
+            service,
+            model,
+            counts: UsageCounts {
+                requests,
+                prompt_tokens,
+                completion_tokens,
+                reasoning_tokens,
+                cached_tokens,
+                estimated_requests,
+            },
+        });
+    }
+    out.sort_by(|a, b| {
+        (a.day, &a.key_id, &a.owner, &a.service, &a.model)
+            .cmp(&(b.day, &b.key_id, &b.owner, &b.service, &b.model))
+    });
+    Ok(out)
+}
+
+type Cells = std::vec::IntoIter<serde_json::Value>;
+
+fn number(cells: &mut Cells) -> Result<i64, StoreError> {
+    (cells.next().and_then(|v| v.as_i64()))
+        .ok_or_else(|| "usage report: a count is missing or not a whole number".into())
+}
+
+/// The next text cell when `on` (its part is grouped by).
+fn text(cells: &mut Cells, on: bool) -> Result<Option<String>, StoreError> {
+    if !on {
+        return Ok(None);
+    }
+    match cells.next() {
+        Some(serde_json::Value::String(s)) => Ok(Some(s)),
+        _ => Err("usage report: a text part is missing or not text".into()),
+    }
 }
 
 /// Step 4 of the shared migrations, the same on both databases: the ledger and its rollup,
