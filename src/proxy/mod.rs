@@ -446,9 +446,6 @@ impl ProxyHttp for Gateway {
         if let Some(charge) = record::charge(ctx, service) {
             self.meter.record(&charge);
         }
-        if let Some(charge) = record::charge(ctx, service) {
-            self.meter.record(&charge);
-        }
         self.metrics.record_for(
             self.service_metrics(ctx),
             &session.req_header().method,
