@@ -46,6 +46,11 @@ pub(crate) fn mentions_usage(bytes: &[u8]) -> bool {
     USAGE_KEY.find(bytes).is_some()
 }
 
+/// Where `"usage"` appears in `bytes`.
+fn usage_key_positions(bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    USAGE_KEY.find_iter(bytes)
+}
+
 /// How the response body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Framing {

@@ -355,8 +355,24 @@ pub(super) fn find_structural(hay: &[u8]) -> Option<usize> {
 static UNICODE_ESCAPE: LazyLock<memmem::Finder<'static>> =
     LazyLock::new(|| memmem::Finder::new(b"\\u"));
 
-fn has_unicode_escape(bytes: &[u8]) -> bool {
-    UNICODE_ESCAPE.find(bytes).is_some()
+/// Whether a JSON text may have a `usage` member whose value is an object: a key `usage`
+/// can only be written `"usage"` or with a `\u` escape, and such a member is that key, a
+/// colon and a brace, whitespace aside. `"usage":null` (on every OpenAI chunk once usage is
+/// asked for) and the word in a string value do not count.
+fn may_hold_usage(text: &[u8]) -> bool {
+    if UNICODE_ESCAPE.find(text).is_some() {
+        return true;
+    }
+    let after_space = |at: usize| {
+        let skipped = (text[at..].iter())
+            .take_while(|b| b" \t\n\r".contains(b))
+            .count();
+        (at + skipped, text.get(at + skipped).copied())
+    };
+    super::usage_key_positions(text).any(|at| {
+        let (colon, byte) = after_space(at + b"\"usage\"".len());
+        byte == Some(b':') && after_space(colon + 1).1 == Some(b'{')
+    })
 }
 
 /// Where the event-stream parser is in the current line.
@@ -513,10 +529,10 @@ impl SseScan {
     }
 
     /// At the start of an event's first data line: when `buf` holds that line and the blank
-    /// line that ends the event, and the line has no `"usage"` and no `\u` escape (the only
-    /// way to spell a key `usage` otherwise), the event cannot change the usage, so it is
-    /// counted and passed over without walking its JSON. Most events of a stream are such
-    /// content chunks. Returns the bytes used, through the blank line.
+    /// line that ends the event, and the line cannot hold a usage object (`may_hold_usage`),
+    /// the event cannot change the usage, so it is counted and passed over without walking
+    /// its JSON. Most events of a stream are such content chunks (with OpenAI's
+    /// `"usage":null` or without). Returns the bytes used, through the blank line.
     fn skip_event_without_usage(&mut self, buf: &[u8]) -> Option<usize> {
         let eol = memchr2(b'\n', b'\r', buf)?;
         let value = &buf[..eol];
@@ -527,10 +543,7 @@ impl SseScan {
                 1
             };
         let blank = *buf.get(line_end)?;
-        if !matches!(blank, b'\n' | b'\r')
-            || super::mentions_usage(value)
-            || has_unicode_escape(value)
-        {
+        if !matches!(blank, b'\n' | b'\r') || may_hold_usage(value) {
             return None;
         }
         let mut used = line_end + 1;

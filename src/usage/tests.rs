@@ -730,3 +730,19 @@ fn events_are_counted_the_same_whether_passed_over_or_walked() {
     scanner.feed(b"data: {\"a\":1}\n\ndata: {\"b\":2}\r\n\r\ndata: [DONE]\n\n");
     assert_eq!(scanner.events(), 2, "[DONE] is not an object");
 }
+
+#[test]
+fn events_with_usage_null_or_the_word_usage_are_passed_over_and_usage_objects_are_not() {
+    let stream = concat!(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"the \\\"usage\\\" word\"}}],\"usage\":null}\n\n",
+        "data: {\"x\":\"usage\",\"usage\" : null}\n\n",
+        "data: {\"choices\":[],\"usage\" :\n",
+        " {\"prompt_tokens\":3,\"completion_tokens\":4}}\n\n",
+        "data: {\"choices\":[],\"usage\":\t{\"prompt_tokens\":5,\"completion_tokens\":6}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let mut whole = UsageScanner::new(Framing::EventStream, Encoding::Identity);
+    whole.feed(stream.as_bytes());
+    assert_eq!(whole.usage(), tokens(Some(5), Some(6)));
+    assert_eq!(whole.events(), 4);
+}
