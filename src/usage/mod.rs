@@ -25,6 +25,7 @@
 
 mod object;
 mod scan;
+mod sse;
 pub mod strip;
 #[cfg(test)]
 mod tests;
@@ -34,7 +35,8 @@ use std::io::{self, Write};
 use flate2::write::{DeflateDecoder, GzDecoder, ZlibDecoder};
 
 use object::parse_usage;
-use scan::{JsonScan, SseScan};
+use scan::JsonScan;
+use sse::SseScan;
 
 /// Built once: `memmem::find` would build its searcher again on every call (per chunk and
 /// per event), which costs more than the search.
