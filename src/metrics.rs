@@ -241,6 +241,7 @@ impl Metrics {
             duration: self.duration.with_label_values(&[service]),
             ttfb: self.upstream_ttfb.with_label_values(&[service]),
             ok: Default::default(),
+            tokens: Default::default(),
         }
     }
 
@@ -313,21 +314,26 @@ impl Metrics {
 
     /// Every kind of token of `service` at 0, so a rate() over it is defined from the start.
     pub fn register_tokens(&self, service: &str) {
-        for kind in ["prompt", "completion", "reasoning", "cached"] {
+        for kind in TOKEN_KINDS {
             self.tokens.with_label_values(&[service, kind]);
         }
     }
 
-    /// Usage as the upstream reported it; a kind it did not report is not counted.
-    pub fn tokens(&self, service: &str, usage: &Usage) {
-        for (kind, n) in [
-            ("prompt", usage.prompt_tokens),
-            ("completion", usage.completion_tokens),
-            ("reasoning", usage.reasoning_tokens),
-            ("cached", usage.cached_tokens),
-        ] {
+    /// Usage as the upstream reported it, through a service's handles (each kind's counter
+    /// looked up once); a kind it did not report is not counted.
+    pub fn tokens(&self, handles: &ServiceMetrics, usage: &Usage) {
+        let counts = [
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.reasoning_tokens,
+            usage.cached_tokens,
+        ];
+        for ((kind, counter), n) in TOKEN_KINDS.iter().zip(&handles.tokens).zip(counts) {
             if let Some(n) = n.filter(|&n| n > 0) {
-                self.tokens.with_label_values(&[service, kind]).inc_by(n);
+                let labels = [&*handles.service, kind];
+                counter
+                    .get_or_init(|| self.tokens.with_label_values(&labels))
+                    .inc_by(n);
             }
         }
     }
@@ -432,7 +438,12 @@ pub struct ServiceMetrics {
     ttfb: prometheus::Histogram,
     /// `portcullis_requests_total{status="200"}`, per `METHOD_LABELS`, once seen.
     ok: [std::sync::OnceLock<IntCounter>; 8],
+    /// `portcullis_tokens_total`, per `TOKEN_KINDS`, once counted.
+    tokens: [std::sync::OnceLock<IntCounter>; 4],
 }
+
+/// The `kind` labels of `portcullis_tokens_total`, in `Usage`'s order.
+const TOKEN_KINDS: [&str; 4] = ["prompt", "completion", "reasoning", "cached"];
 
 impl ServiceMetrics {
     /// The service label these handles carry.

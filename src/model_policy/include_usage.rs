@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::BodyError;
@@ -53,15 +53,10 @@ pub(super) fn plan(
             with: OBJECT,
         });
     }
+    // The body was checked (`body::fields::StreamOptions`): only its shape is read here.
     let mut de = serde_json::Deserializer::from_str(options);
-    let found = de.deserialize_map(OptionsVisitor).map_err(|e| {
-        let message = e.to_string();
-        // Only our own messages are passed on: serde_json's may quote the body.
-        BodyError(match message.split(" at line ").next() {
-            Some(m @ (DUPLICATE | NOT_BOOLEAN)) => m.to_string(),
-            _ => NOT_OBJECT.to_string(),
-        })
-    })?;
+    let found = (de.deserialize_map(OptionsVisitor))
+        .map_err(|_| BodyError("stream_options must be an object".to_string()))?;
     Ok(match found {
         Options::Empty => UsageRequest::Missing {
             range: whole,
@@ -82,10 +77,6 @@ pub(super) fn plan(
     })
 }
 
-const NOT_OBJECT: &str = "stream_options must be an object";
-const DUPLICATE: &str = "stream_options.include_usage appears more than once";
-const NOT_BOOLEAN: &str = "stream_options.include_usage must be a boolean";
-
 /// What a `stream_options` object says of `include_usage`.
 enum Options<'a> {
     /// `{}`.
@@ -93,7 +84,7 @@ enum Options<'a> {
     /// Other members, no `include_usage`.
     Without,
     On,
-    /// `false` or `null`: this token.
+    /// `false` or `null` (checked before): this token.
     Off(&'a str),
 }
 
@@ -108,22 +99,13 @@ impl<'de> Visitor<'de> for OptionsVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Options<'de>, A::Error> {
         let mut found = Options::Empty;
-        let mut seen = false;
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             let value: &'de RawValue = map.next_value()?;
-            if key != "include_usage" {
-                if matches!(found, Options::Empty) {
-                    found = Options::Without;
-                }
-                continue;
-            }
-            if std::mem::replace(&mut seen, true) {
-                return Err(de::Error::custom(DUPLICATE));
-            }
-            found = match value.get() {
-                "true" => Options::On,
-                token @ ("false" | "null") => Options::Off(token),
-                _ => return Err(de::Error::custom(NOT_BOOLEAN)),
+            found = match (key == "include_usage", value.get()) {
+                (false, _) if matches!(found, Options::Empty) => Options::Without,
+                (false, _) => found,
+                (true, "true") => Options::On,
+                (true, token) => Options::Off(token),
             };
         }
         Ok(found)

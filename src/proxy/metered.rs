@@ -53,6 +53,8 @@ impl Metered {
             let client = upstream.headers.get(http::header::ACCEPT_ENCODING);
             readable_codings(client.map(|v| v.as_bytes()))
         };
+        // A static value: no copy of the text per request.
+        let codings = http::HeaderValue::from_static(codings);
         upstream.insert_header(http::header::ACCEPT_ENCODING, codings)?;
         Ok(())
     }

@@ -430,7 +430,8 @@ impl ProxyHttp for Gateway {
             .map(|r| r.status.as_u16())
             .or(ctx.local_status)
             .unwrap_or(0);
-        let service = self.service_label(ctx);
+        let handles = self.service_metrics(ctx);
+        let service = handles.service();
         if ctx.streaming {
             self.metrics.stream_ended(service);
         }
@@ -440,14 +441,14 @@ impl ProxyHttp for Gateway {
                 self.metrics.usage_unread(service, reason);
             }
             if let Some(charged) = metered.charged() {
-                self.metrics.tokens(service, &charged.usage);
+                self.metrics.tokens(handles, &charged.usage);
             }
         }
         if let Some(charge) = record::charge(ctx, service) {
             self.meter.record(&charge);
         }
         self.metrics.record_for(
-            self.service_metrics(ctx),
+            handles,
             &session.req_header().method,
             status,
             ctx.start.elapsed(),

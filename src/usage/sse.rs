@@ -207,7 +207,9 @@ impl SseScan {
         if blank == b'\r' && buf.get(used) == Some(&b'\n') {
             used += 1;
         }
-        if value.trim_ascii_start().first() == Some(&b'{') {
+        // As `JsonScan` starts a document: JSON whitespace, then `{`.
+        let start = value.iter().find(|b| !b" \t\n\r".contains(b));
+        if start == Some(&b'{') {
             self.events += 1;
         }
         self.has_data = false;

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
-use super::usage::{self, Table};
+use super::usage;
 use super::{
     newer_than_known, page_sql, purge_sql, record, stored, KeyRecord, KeyStore, PageEnd,
     StoreError, StoredKey, UsageQuery, UsageRow, UsageTotal, MIGRATIONS, MIGRATIONS_TABLE,
@@ -288,43 +288,16 @@ impl KeyStore for PgStore {
     }
 
     async fn add_usage(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
+        // Nothing to write: no need for the store to be reachable.
         if rows.is_empty() {
             return Ok(());
         }
         self.ready().await?;
-        let (hourly, daily) = (usage::sorted(rows), usage::daily(rows));
-        let mut tx = self.pool.begin().await?;
-        for (table, rows) in [(Table::Hourly, &hourly), (Table::Daily, &daily)] {
-            for chunk in rows.chunks(usage::CHUNK) {
-                let sql = usage::add_sql(table, chunk.len(), '$');
-                let mut query = sqlx::query(&sql);
-                for row in chunk {
-                    let (texts, counts) = row.values();
-                    query = query.bind(row.hour);
-                    for text in texts {
-                        query = query.bind(text);
-                    }
-                    for count in counts {
-                        query = query.bind(count);
-                    }
-                }
-                query.execute(&mut *tx).await?;
-            }
-        }
-        tx.commit().await?;
-        Ok(())
+        usage::add(&self.pool, rows, '$').await
     }
 
     async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
         self.ready().await?;
-        let sql = usage::usage_sql(q, true);
-        let mut query = sqlx::query_scalar::<_, String>(&sql)
-            .bind(q.from_day)
-            .bind(q.to_day);
-        if let Some(owner) = &q.owner {
-            query = query.bind(owner);
-        }
-        let json = query.fetch_one(&self.pool).await?;
-        usage::totals(&json, &q.group)
+        usage::report(&self.pool, q, true).await
     }
 }

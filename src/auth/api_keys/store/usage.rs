@@ -2,6 +2,8 @@
 //! will sum over hours, days and months) and its rollup `usage_daily` (what `GET /v1/usage`
 //! and `portcullis usage` read), both written in one transaction per flush.
 
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
+
 use super::StoreError;
 
 /// Rows per `INSERT` statement: far under either database's limit on bound parameters
@@ -79,6 +81,72 @@ impl UsageRow {
             self.counts.columns(),
         )
     }
+}
+
+/// Adds `rows` to both tables in one transaction, on either database (`mark`: its placeholder
+/// prefix).
+pub(super) async fn add<DB>(
+    pool: &Pool<DB>,
+    rows: &[UsageRow],
+    mark: char,
+) -> Result<(), StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+{
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let (hourly, daily) = (sorted(rows), daily(rows));
+    let mut tx = pool.begin().await?;
+    for (table, rows) in [(Table::Hourly, &hourly), (Table::Daily, &daily)] {
+        for chunk in rows.chunks(CHUNK) {
+            let sql = add_sql(table, chunk.len(), mark);
+            let mut query = sqlx::query(&sql);
+            for row in chunk {
+                let (texts, counts) = row.values();
+                query = query.bind(row.hour);
+                for text in texts {
+                    query = query.bind(text);
+                }
+                for count in counts {
+                    query = query.bind(count);
+                }
+            }
+            query.execute(&mut *tx).await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// A report from the rollup, on either database (`postgres`: its dialect).
+pub(super) async fn report<DB>(
+    pool: &Pool<DB>,
+    q: &UsageQuery,
+    postgres: bool,
+) -> Result<Vec<UsageTotal>, StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let sql = usage_sql(q, postgres);
+    let mut query = sqlx::query_scalar::<_, String>(&sql)
+        .bind(q.from_day)
+        .bind(q.to_day);
+    if let Some(owner) = &q.owner {
+        query = query.bind(owner.as_str());
+    }
+    let json = query.fetch_one(pool).await?;
+    totals(&json, &q.group)
 }
 
 /// Sorted by primary key, so that concurrent flushes of a fleet lock rows in one order.
