@@ -167,6 +167,7 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                     scopes,
                     expires_in,
                     owner,
+                    budget: Default::default(),
                 };
                 let key = api_keys::create_owned_key(&*store, spec, None)
                     .await

@@ -89,6 +89,17 @@ pub fn date(secs: i64) -> String {
     format!("{y:04}-{mo:02}-{d:02}")
 }
 
+/// Unix seconds of the starts of the UTC month that `secs` falls in and of the next one.
+pub fn month_bounds(secs: i64) -> (i64, i64) {
+    let (y, m, ..) = civil(secs);
+    let day_start = secs - secs.rem_euclid(86_400);
+    let (_, _, d, ..) = civil(secs);
+    let start = day_start - (d - 1) * 86_400;
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    let next = parse_date(&format!("{ny:04}-{nm:02}-01")).unwrap_or(start + 31 * 86_400);
+    (start, next)
+}
+
 /// Unix seconds of the start of a UTC day written `YYYY-MM-DD` (years 0001 to 9999), or None
 /// for anything else, impossible dates (`2026-02-30`) included.
 pub fn parse_date(s: &str) -> Option<i64> {
@@ -148,6 +159,21 @@ mod tests {
         ] {
             assert_eq!(parse_date(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn months() {
+        let nov = parse_date("2026-11-01").unwrap();
+        let dec = parse_date("2026-12-01").unwrap();
+        let jan = parse_date("2027-01-01").unwrap();
+        assert_eq!(month_bounds(nov), (nov, dec));
+        assert_eq!(month_bounds(dec - 1), (nov, dec));
+        assert_eq!(month_bounds(dec + 86_400 * 30 + 5), (dec, jan));
+        let feb = parse_date("2028-02-01").unwrap();
+        assert_eq!(
+            month_bounds(feb + 28 * 86_400).1,
+            parse_date("2028-03-01").unwrap()
+        );
     }
 
     #[test]

@@ -208,6 +208,7 @@ fn parse_create(body: &[u8]) -> Result<KeySpec, String> {
         name,
         scopes,
         expires_in,
+        budget: Default::default(),
         owner: None,
     })
 }

@@ -22,8 +22,9 @@ use crate::time::unix_now;
 use lookup::Lookup;
 pub use push::RevocationPush;
 pub use store::{
-    check_postgres_url, is_postgres_url, open_store, Grouping, KeyRecord, KeyStore, PageEnd,
-    StoreError, StoredKey, UsageCounts, UsageQuery, UsageRow, UsageTotal,
+    check_postgres_url, is_postgres_url, open_store, Budget, BudgetChange, Grouping, KeyRecord,
+    KeyStore, PageEnd, StoreError, StoredKey, Subject, UsageCounts, UsageQuery, UsageRow,
+    UsageTotal, WindowStarts, WindowUsage,
 };
 
 #[derive(Clone)]
@@ -165,6 +166,7 @@ pub async fn create_key(
         scopes,
         expires_in,
         owner: None,
+        budget: Default::default(),
     };
     create_owned_key(store, spec, None)
         .await
@@ -178,6 +180,8 @@ pub struct KeySpec {
     pub scopes: Vec<String>,
     pub expires_in: Option<Duration>,
     pub owner: Option<String>,
+    /// Empty: none.
+    pub budget: Budget,
 }
 
 /// Creates a key, or `None` when `cap` is given and the owner already has that many active
@@ -205,6 +209,7 @@ pub async fn create_owned_key(
             .map(|d| now.saturating_add(d.as_secs() as i64)),
         revoked_at: None,
         owner: spec.owner,
+        budget: spec.budget,
     };
     let stored = StoredKey {
         record: record.clone(),

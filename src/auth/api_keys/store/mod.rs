@@ -4,6 +4,7 @@
 //! deleted only once it has been revoked for `[admin] revoked_retention_days` (the access log
 //! keeps the audit trail of its creation and revocation).
 
+mod budgets;
 mod postgres;
 mod sqlite;
 mod usage;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
+pub use budgets::{Budget, BudgetChange, Subject, WindowStarts, WindowUsage};
 pub use postgres::{check_url as check_postgres_url, is_url as is_postgres_url, CHANNEL};
 pub use sqlite::SqliteStore;
 pub use usage::{Grouping, UsageCounts, UsageQuery, UsageRow, UsageTotal};
@@ -43,6 +45,8 @@ pub struct KeyRecord {
     /// Who the key was made for: the JWT `sub` of its creator through the key API, or the
     /// CLI's `--owner`; none for keys made without one.
     pub owner: Option<String>,
+    /// Limits on this key's usage; empty when none is set.
+    pub budget: Budget,
 }
 
 impl KeyRecord {
@@ -141,6 +145,50 @@ pub trait KeyStore: Send + Sync {
     /// Ledger totals of a range of days, sorted by the grouped parts (day, key, owner,
     /// service, model). Test stores keep no ledger.
     async fn usage(&self, _query: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// Sets (an empty budget: clears) the budget of a key, stamping the change with `at_ms`;
+    /// false if no such key. Test stores keep no budgets.
+    async fn set_key_budget(
+        &self,
+        _key_id: &str,
+        _budget: &Budget,
+        _at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        Err("this store keeps no budgets".into())
+    }
+    /// The budget set on an owner, if any.
+    async fn owner_budget(&self, _owner: &str) -> Result<Option<Budget>, StoreError> {
+        Ok(None)
+    }
+    /// Sets (an empty budget: clears) an owner's budget, stamping the change with `at_ms`.
+    async fn set_owner_budget(
+        &self,
+        _owner: &str,
+        _budget: &Budget,
+        _at_ms: i64,
+    ) -> Result<(), StoreError> {
+        Err("this store keeps no budgets".into())
+    }
+    /// Every key and owner budget stamped at or after `since_ms`, as it is now (cleared ones
+    /// as empty budgets). `since_ms = 0`: every budget ever set.
+    async fn budget_changes(&self, _since_ms: i64) -> Result<Vec<BudgetChange>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// The ledger's totals for one subject in the windows starting at `starts`.
+    async fn window_usage(
+        &self,
+        _subject: &Subject,
+        _starts: WindowStarts,
+    ) -> Result<WindowUsage, StoreError> {
+        Ok(WindowUsage::default())
+    }
+    /// The ledger's totals in the windows starting at `starts`, for every key and every
+    /// owner with usage in the month (owner `''` and key `''` left out).
+    async fn all_window_usage(
+        &self,
+        _starts: WindowStarts,
+    ) -> Result<Vec<(Subject, WindowUsage)>, StoreError> {
         Ok(Vec::new())
     }
 }
@@ -275,6 +323,7 @@ where
         expires_at: row.try_get("expires_at")?,
         revoked_at: row.try_get("revoked_at")?,
         owner: row.try_get("owner")?,
+        budget: Budget::default(),
     })
 }
 

@@ -111,6 +111,7 @@ fn key(id: u64, owner: Option<&str>, created_at: i64) -> StoredKey {
             expires_at: None,
             revoked_at: None,
             owner: owner.map(str::to_string),
+            budget: Default::default(),
         },
         verifier: [0; 32],
     }
