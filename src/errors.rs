@@ -20,6 +20,9 @@ pub enum GatewayError {
     PayloadTooLarge,
     /// Over a service's rate limit; the seconds until the window ends go in `Retry-After`.
     RateLimited(u64),
+    /// The key's or its owner's budget has no room for the request; the seconds until the
+    /// window ends go in `Retry-After`, the window's name in the message.
+    BudgetExceeded(u64),
     BadGateway,
     /// The memory for bodies read whole (`buffered_bodies_max_bytes`) is taken; with
     /// `Retry-After`.
@@ -57,7 +60,7 @@ impl GatewayError {
             GatewayError::MethodNotAllowed => 405,
             GatewayError::RequestTimeout => 408,
             GatewayError::PayloadTooLarge => 413,
-            GatewayError::RateLimited(_) => 429,
+            GatewayError::RateLimited(_) | GatewayError::BudgetExceeded(_) => 429,
             GatewayError::BadGateway => 502,
             GatewayError::Overloaded => 503,
             GatewayError::GatewayTimeout => 504,
@@ -112,6 +115,9 @@ impl GatewayError {
             }
             GatewayError::RateLimited(_) => {
                 br#"{"error":"rate_limited","message":"too many requests for this service; see Retry-After"}"#
+            }
+            GatewayError::BudgetExceeded(_) => {
+                br#"{"error":"budget_exceeded","message":"the budget for this window is spent; see Retry-After"}"#
             }
             GatewayError::BadGateway => {
                 br#"{"error":"bad_gateway","message":"the upstream refused, reset or sent an invalid response"}"#
@@ -168,6 +174,7 @@ impl GatewayError {
             GatewayError::RequestTimeout => "request_timeout",
             GatewayError::PayloadTooLarge => "payload_too_large",
             GatewayError::RateLimited(_) => "rate_limited",
+            GatewayError::BudgetExceeded(_) => "budget_exceeded",
             GatewayError::BadGateway => "bad_gateway",
             GatewayError::Overloaded => "overloaded",
             GatewayError::GatewayTimeout => "gateway_timeout",
@@ -195,6 +202,19 @@ impl GatewayError {
         head_only: bool,
         message: Option<&str>,
     ) -> pingora::Result<()> {
+        self.respond_with(session, request_id, head_only, message, |_| Ok(()))
+            .await
+    }
+
+    /// As `respond_with_message`, with headers of the moment added by `extra`.
+    pub async fn respond_with(
+        self,
+        session: &mut Session,
+        request_id: &str,
+        head_only: bool,
+        message: Option<&str>,
+        extra: impl FnOnce(&mut ResponseHeader) -> pingora::Result<()>,
+    ) -> pingora::Result<()> {
         let body = match message {
             Some(message) if self != GatewayError::Unauthorized => Bytes::from(
                 serde_json::json!({ "error": self.code(), "message": message }).to_string(),
@@ -211,12 +231,15 @@ impl GatewayError {
             // (docs/reference.md).
             GatewayError::Unauthorized => header.insert_header("www-authenticate", "Bearer")?,
             GatewayError::MethodNotAllowed => header.insert_header("allow", ALLOWED_METHODS)?,
-            GatewayError::RateLimited(seconds) => header.insert_header("retry-after", seconds)?,
+            GatewayError::RateLimited(seconds) | GatewayError::BudgetExceeded(seconds) => {
+                header.insert_header("retry-after", seconds)?
+            }
             GatewayError::Overloaded => {
                 header.insert_header("retry-after", OVERLOADED_RETRY_AFTER)?
             }
             _ => {}
         }
+        extra(&mut header)?;
         write_local(session, header, body, head_only).await
     }
 }

@@ -7,6 +7,7 @@ mod access_log;
 mod admin;
 mod admission;
 mod auth;
+mod budgets;
 mod cli;
 mod config;
 mod errors;

@@ -20,10 +20,12 @@ use crate::admission::Admission;
 use crate::auth::api_keys::{open_store, ApiKeyVerifier, KeyEvictor, KeyStore, RevocationPush};
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::Authenticator;
-use crate::config::Config;
+use crate::budgets::{BudgetSync, Budgets, SyncState};
+use crate::config::{BudgetSettings, Config};
 use crate::metering::{Ledger, LedgerService, Meter, FINAL_FLUSH};
 use crate::metrics::{Metrics, MetricsApp};
 use crate::proxy::{upstream, Gateway};
+use crate::rate_limit::Backend;
 use crate::replicas::{DnsRefresh, HealthChecks, MakePeer, Replicas, UpstreamResolver};
 use crate::shutdown::{Connections, Drain, Tracked, Watchdog};
 
@@ -42,6 +44,11 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
     let (auth, jwt, push, keys) = startup.block_on(build_auth(&config, &metrics))?;
+    let redis = redis_backend(&config, &metrics);
+    // Loaded before serving: the first request is decided against spent budget.
+    let budgets = (config.budgets.zip(keys.as_ref()))
+        .map(|(settings, (store, _))| budgets(&config, settings, store, redis.clone(), &metrics));
+    let budget_sync = budgets.as_ref().map(|b| startup.block_on(load_budgets(b)));
     // With `[dns] servers`, host names are first resolved there, now: a name that does not
     // resolve fails the start like any other config error.
     startup.block_on(resolve_with_own_dns(&mut config))?;
@@ -95,7 +102,8 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
         metrics.clone(),
         access_log.clone(),
         upstreams.replicas,
-        meter,
+        (meter, budgets),
+        redis.as_ref(),
     );
     let connections = Arc::new(Connections::default());
     let mut http = pingora::proxy::http_proxy(&server.configuration, gateway);
@@ -171,6 +179,9 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
     if let Some(jwt) = jwt {
         server.add_service(background_service("jwks refresh", JwksRefresh(jwt)));
     }
+    if let Some(sync) = budget_sync {
+        server.add_service(background_service("budgets", sync));
+    }
     if let Some(push) = push {
         server.add_service(background_service(
             "revocation push",
@@ -220,6 +231,48 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
     }
     access_log.flush(Duration::from_secs(2));
     Ok(())
+}
+
+/// The process's one Redis connection, shared by every rate-limited service and the
+/// budgets; made only when something uses it.
+fn redis_backend(config: &Config, metrics: &Metrics) -> Option<Arc<Backend>> {
+    let limited = (config.services.iter()).any(|s| s.rate_limit_per_minute.is_some());
+    let server = config.rate_limits.redis.as_ref()?;
+    (limited || config.budgets.is_some())
+        .then(|| Arc::new(Backend::new(server, &metrics.rate_limit_backend_errors())))
+}
+
+fn budgets(
+    config: &Config,
+    settings: BudgetSettings,
+    store: &Arc<dyn KeyStore>,
+    redis: Option<Arc<Backend>>,
+    metrics: &Metrics,
+) -> Arc<Budgets> {
+    let services: Vec<&str> = config.services.iter().map(|s| s.name.as_str()).collect();
+    Arc::new(Budgets::new(
+        settings,
+        store.clone(),
+        redis,
+        metrics,
+        &services,
+    ))
+}
+
+/// Every budget and the counters' seeds from the ledger. A store that does not answer now
+/// delays budgets (warned), never the start: the poller loads them once it answers.
+async fn load_budgets(budgets: &Arc<Budgets>) -> BudgetSync {
+    let mut state = SyncState::default();
+    match budgets.load(&mut state).await {
+        Ok(n) => log::info!("budgets: {n} key and owner budget(s) loaded, seeded from the ledger"),
+        Err(e) => log::warn!(
+            "budgets: cannot load budgets from the key store ({e}); they apply once it answers"
+        ),
+    }
+    BudgetSync {
+        budgets: budgets.clone(),
+        state: std::sync::Mutex::new(Some(state)),
+    }
 }
 
 /// The meter the proxy records into, and the ledger that writes it to the key store: there

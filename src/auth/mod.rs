@@ -45,6 +45,15 @@ impl Principal {
         (self.kind == PrincipalKind::ApiKey).then_some(&*self.id)
     }
 
+    /// Whom rate limits count against: the owner when there is one (so minting more keys
+    /// does not multiply a limit), else the key; as (kind, id).
+    pub fn rate_subject(&self) -> (&'static str, &str) {
+        match &self.owner {
+            Some(owner) => ("owner", owner),
+            None => (self.kind.as_str(), &self.id),
+        }
+    }
+
     pub fn has_scope(&self, scope: &str) -> bool {
         self.scopes.iter().any(|s| &**s == scope)
     }

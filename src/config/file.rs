@@ -20,6 +20,17 @@ pub struct File {
     pub admin: Option<Admin>,
     pub dns: Option<Dns>,
     pub metering: Option<Metering>,
+    pub budgets: Option<Budgets>,
+}
+
+/// `[budgets]`: enforcing the budgets set on keys and owners.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budgets {
+    /// `reserve` (default) or `after`.
+    pub enforcement: Option<String>,
+    pub default_max_tokens: Option<u64>,
+    pub prompt_bytes_per_token: Option<u64>,
 }
 
 /// `[metering]`: the usage ledger kept in the key store.

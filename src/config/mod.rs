@@ -128,10 +128,12 @@ impl Config {
                 .collect(),
             rate_limits: v.rate_limits(raw.rate_limits),
             metering: v.metering(raw.metering),
+            budgets: None,
             admin: None,
         };
         let mut config = config;
         config.admin = raw.admin.map(|a| v.admin(a, &config));
+        config.budgets = raw.budgets.map(|b| v.budgets(b, config.api_keys.is_some()));
         if config.services.is_empty() && v.problems.is_empty() {
             v.problem("services", "no service is configured");
         }

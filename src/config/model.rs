@@ -26,6 +26,26 @@ pub struct Config {
     /// `[dns] servers`: upstream host names are resolved there; `None`: the system's resolver.
     pub dns_servers: Option<Vec<SocketAddr>>,
     pub metering: MeteringSettings,
+    /// `[budgets]`; without it nothing is budgeted.
+    pub budgets: Option<BudgetSettings>,
+}
+
+/// How budgets are enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enforcement {
+    /// The worst case is reserved before forwarding and reconciled after.
+    Reserve,
+    /// Only real usage is charged, after the response.
+    After,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetSettings {
+    pub enforcement: Enforcement,
+    /// Completion tokens reserved for a request that states no cap.
+    pub default_max_tokens: u64,
+    /// The prompt estimate: one token per this many request-body bytes (rounded up).
+    pub prompt_bytes_per_token: u64,
 }
 
 /// `[metering]`: the usage ledger (kept only with a key store, `[auth.api_keys]`).

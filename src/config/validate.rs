@@ -10,8 +10,9 @@ use std::time::Duration;
 use super::parse::{http_url, load_pem_certs, parse_redis, Resolver};
 use super::{
     expand_env, file, one_line, AccessLogDestination, AccessLogSettings, ApiKeySettings,
-    BufferLimits, ConnectionLimits, JwtSettings, MeteringSettings, MetricsSettings,
-    RateLimitSettings, ServerSettings, TlsListenSettings, DEFAULT_ACCESS_LOG_BUFFER,
+    BudgetSettings, BufferLimits, ConnectionLimits, Enforcement, JwtSettings, MeteringSettings,
+    MetricsSettings, RateLimitSettings, ServerSettings, TlsListenSettings,
+    DEFAULT_ACCESS_LOG_BUFFER,
 };
 
 pub const DEFAULT_MAX_BODY: u64 = 32 * 1024 * 1024;
@@ -346,6 +347,34 @@ impl Validator<'_> {
         }
         MeteringSettings {
             flush: Duration::from_secs(seconds.max(1)),
+        }
+    }
+
+    /// `[budgets]`: kept in the key store, so they need one.
+    pub fn budgets(&mut self, b: file::Budgets, has_store: bool) -> BudgetSettings {
+        if !has_store {
+            self.problem(
+                "budgets",
+                "budgets are kept in the key store: [auth.api_keys] is required",
+            );
+        }
+        let enforcement = match b.enforcement.as_deref() {
+            None | Some("reserve") => Enforcement::Reserve,
+            Some("after") => Enforcement::After,
+            Some(other) => {
+                let why = format!("{other:?} is not one of \"reserve\", \"after\"");
+                self.problem("budgets.enforcement", why);
+                Enforcement::Reserve
+            }
+        };
+        let per_token = b.prompt_bytes_per_token.unwrap_or(4);
+        if per_token == 0 {
+            self.problem("budgets.prompt_bytes_per_token", "must be at least 1");
+        }
+        BudgetSettings {
+            enforcement,
+            default_max_tokens: b.default_max_tokens.unwrap_or(1024),
+            prompt_bytes_per_token: per_token.max(1),
         }
     }
 

@@ -113,6 +113,10 @@ pub struct Plan<'a, 'm> {
     pub model: Option<Cow<'a, str>>,
     /// A streamed request that does not ask for its usage: the edit that asks for it.
     pub usage: Option<Edit<'static>>,
+    /// The most completion tokens the request may use, as it states them (`max_tokens` or
+    /// `max_completion_tokens`, times `n` or `best_of`); 0 for embeddings; `None` when not
+    /// stated.
+    pub completion_cap: Option<u64>,
 }
 
 /// Up to two places of the body replaced (an insertion when a range is empty), in order and
@@ -236,8 +240,17 @@ pub fn plan<'a, 'm: 'a>(
     } else {
         None
     };
+    let completion_cap = match endpoint {
+        Endpoint::Embeddings => Some(0),
+        _ => scanned.completion_cap(),
+    };
     let (edit, model) = model_edit(scanned.model, body, models);
-    Ok(Plan { edit, model, usage })
+    Ok(Plan {
+        edit,
+        model,
+        usage,
+        completion_cap,
+    })
 }
 
 /// The model policy's edit of a body and the model after it.

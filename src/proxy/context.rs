@@ -80,6 +80,12 @@ pub struct RequestCtx {
     /// Bytes of the request may have reached a replica (an error came after connecting): a
     /// retry may only go back to that replica, never to another.
     pub reached_replica: bool,
+    /// The caller's budgets were checked (once per request).
+    pub budget_decided: bool,
+    /// What the request reserved of its budgets, settled when it ends.
+    pub budget: Option<Box<crate::budgets::Reservation>>,
+    /// Why a held body's request was refused for its budget, for the 429.
+    pub budget_refusal: Option<Box<crate::budgets::Refusal>>,
 }
 
 impl Default for RequestCtx {
@@ -101,6 +107,9 @@ impl Default for RequestCtx {
             replica: None,
             tried: 0,
             reached_replica: false,
+            budget_decided: false,
+            budget: None,
+            budget_refusal: None,
         }
     }
 }

@@ -7,7 +7,9 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::{FailToProxy, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
+use super::budgeted::quota_headers;
 use super::RequestCtx;
+use crate::budgets::Refusal;
 use crate::errors::{write_local, GatewayError};
 
 pub async fn health(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
@@ -46,9 +48,40 @@ pub async fn reject(session: &mut Session, ctx: &mut RequestCtx, e: GatewayError
     Ok(true)
 }
 
+/// `429 budget_exceeded`, naming the window, with `Retry-After` and the window's
+/// `x-ratelimit-*` headers.
+pub async fn over_budget(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    refusal: &Refusal,
+) -> Result<bool> {
+    if !session.is_body_done() {
+        session.set_keepalive(None);
+    }
+    let e = GatewayError::BudgetExceeded(refusal.retry_after);
+    ctx.local_status = Some(e.status());
+    let head_only = session.req_header().method == Method::HEAD;
+    let message = Some(refusal.message.as_str());
+    e.respond_with(session, ctx.request_id.as_str(), head_only, message, |h| {
+        quota_headers(h, &refusal.quota)
+    })
+    .await?;
+    Ok(true)
+}
+
 /// The answer to a proxy attempt that failed: a refused body's 400, a held body's 408, 413
 /// or 503, or the upstream's 502/504.
 pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+    if let Some(refusal) = ctx.budget_refusal.take() {
+        // A held body's request, refused for its budget before any body byte went upstream.
+        if let Err(write_err) = over_budget(session, ctx, &refusal).await {
+            log::debug!("could not send error response: {write_err}");
+        }
+        return FailToProxy {
+            error_code: 429,
+            can_reuse_downstream: true,
+        };
+    }
     let refused_body = ctx.openai.as_ref().and_then(|x| x.error.as_ref());
     let error = (ctx.openai.as_ref().and_then(|x| x.failure(e)))
         .or_else(|| GatewayError::from_proxy_error(e));

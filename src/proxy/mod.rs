@@ -2,6 +2,7 @@
 //! validate → authenticate → route → authorise → rewrite → stream → clean the response → record.
 
 mod budget;
+mod budgeted;
 mod context;
 mod headers;
 mod held;
@@ -29,11 +30,13 @@ pub use upstream::peer_for;
 
 use crate::access_log::{self, AccessLog};
 use crate::auth::Authenticator;
+use crate::budgets::Budgets;
 use crate::config::Config;
 use crate::errors::{GatewayError, Malformed};
 use crate::metering::Meter;
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::{Endpoint, Models};
+use crate::rate_limit::Backend;
 use crate::replicas::Replicas;
 use crate::routing::{self, Target};
 
@@ -49,6 +52,8 @@ pub struct Gateway {
     metrics: Arc<Metrics>,
     access_log: AccessLog,
     meter: Arc<Meter>,
+    /// `[budgets]`: limits on what keys and owners may use.
+    budgets: Option<Arc<Budgets>>,
 }
 
 /// What `request_filter` decided, taken out of the borrowed request before acting on it.
@@ -64,17 +69,20 @@ enum Decision {
 }
 
 impl Gateway {
-    /// `replicas`: per service, in the order of `config.services`.
+    /// `replicas`: per service, in the order of `config.services`; `redis`: the process's
+    /// connection to `[rate_limits] redis`, shared by rate limits and budgets.
     pub fn new(
         config: &Config,
         auth: Authenticator,
         metrics: Arc<Metrics>,
         access_log: AccessLog,
         replicas: Vec<Arc<Replicas>>,
-        meter: Arc<Meter>,
+        metering: (Arc<Meter>, Option<Arc<Budgets>>),
+        redis: Option<&Arc<Backend>>,
     ) -> Gateway {
+        let (meter, budgets) = metering;
         Gateway {
-            routes: Route::all(config, &metrics, replicas),
+            routes: Route::all(config, &metrics, replicas, redis),
             local_metrics: metrics.for_service("_local"),
             unknown_metrics: metrics.for_service("_unknown"),
             max_body: config.server.max_request_body_bytes,
@@ -83,6 +91,7 @@ impl Gateway {
             metrics,
             access_log,
             meter,
+            budgets,
         }
     }
 
@@ -177,16 +186,19 @@ impl ProxyHttp for Gateway {
                 openai,
             } => {
                 ctx.forward_from = forward_from;
-                let (Some(endpoint), Some(models)) = (openai, self.models(ctx.route)) else {
-                    return Ok(false);
-                };
-                // Validate the body and apply the model policy before any upstream is chosen.
-                let (exchange, next) =
-                    openai::Exchange::begin(session, endpoint, models, &self.buffering).await?;
-                ctx.openai = Some(Box::new(exchange));
-                match next {
-                    openai::Next::Proxy => Ok(false),
-                    openai::Next::Refuse(e) => local::reject(session, ctx, e).await,
+                if let (Some(endpoint), Some(models)) = (openai, self.models(ctx.route)) {
+                    // Validate the body and apply the model policy before any upstream is chosen.
+                    let (exchange, next) =
+                        openai::Exchange::begin(session, endpoint, models, &self.buffering).await?;
+                    ctx.openai = Some(Box::new(exchange));
+                    if let openai::Next::Refuse(e) = next {
+                        return local::reject(session, ctx, e).await;
+                    }
+                }
+                // 4b. Budget: the worst case reserved, or refused before anything is forwarded.
+                match self.reserve_budget(ctx).await {
+                    Ok(()) => Ok(false),
+                    Err(refusal) => local::over_budget(session, ctx, &refusal).await,
                 }
             }
             Decision::Health => local::health(session, ctx).await,
@@ -209,6 +221,14 @@ impl ProxyHttp for Gateway {
         }
         if let (Some(exchange), Some(models)) = (&mut ctx.openai, self.models(ctx.route)) {
             exchange.filter_body(session, body, end_of_stream, models)?;
+            // A held body is complete: its budget, before any of it is sent upstream.
+            if end_of_stream && !ctx.budget_decided {
+                if let Err(refusal) = self.reserve_budget(ctx).await {
+                    ctx.budget_refusal = Some(refusal);
+                    *body = None;
+                    return Error::e_explain(ErrorType::HTTPStatus(429), "over budget");
+                }
+            }
         }
         Ok(())
     }
@@ -385,7 +405,10 @@ impl ProxyHttp for Gateway {
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        // 7. Clean the response.
+        // 7. Clean the response; a budgeted caller learns what its budget has left.
+        if let Some(reservation) = &ctx.budget {
+            budgeted::quota_headers(response, &reservation.quota)?;
+        }
         headers::to_client(response, ctx.request_id.as_str())
     }
 
@@ -447,6 +470,7 @@ impl ProxyHttp for Gateway {
         if let Some(charge) = record::charge(ctx, service) {
             self.meter.record(&charge);
         }
+        self.settle_budget(ctx).await;
         self.metrics.record_for(
             handles,
             &session.req_header().method,

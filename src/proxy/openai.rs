@@ -73,6 +73,9 @@ pub struct Exchange {
     pub error: Option<BodyError>,
     /// The response's usage, read as it passes.
     pub metered: Metered,
+    /// What the budgets need once the body is checked: its size, and the completion tokens
+    /// it may use as it states them.
+    pub ask: Option<(u64, Option<u64>)>,
     /// The memory of a body read ahead: Pingora keeps the client's bytes in its retry buffer
     /// until the request ends, so this is held as long.
     reserved: Option<Reservation>,
@@ -115,6 +118,7 @@ impl Exchange {
             model: None,
             error: None,
             metered: Metered::default(),
+            ask: None,
             reserved: None,
         };
         let refuse = |exchange, e| Ok((exchange, Next::Refuse(e)));
@@ -188,6 +192,7 @@ impl Exchange {
                 // The access log is the name's only reader: only what it shows is copied.
                 self.model = plan.model.map(|m| access_log::model_name(&m).to_owned());
                 self.metered.request_read(body.len(), plan.usage.is_some());
+                self.ask = Some((body.len() as u64, plan.completion_cap));
                 Some(match (plan.edit, plan.usage) {
                     (Some(edit), Some(usage)) => Some(edit.and(usage)),
                     (edit, usage) => edit.or(usage),

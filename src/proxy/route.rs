@@ -19,23 +19,19 @@ pub struct Route {
 
 impl Route {
     /// Every service's route; `replicas` in the order of `config.services`.
-    pub fn all(config: &Config, metrics: &Metrics, replicas: Vec<Arc<Replicas>>) -> Vec<Route> {
+    pub fn all(
+        config: &Config,
+        metrics: &Metrics,
+        replicas: Vec<Arc<Replicas>>,
+        redis: Option<&Arc<Backend>>,
+    ) -> Vec<Route> {
         for service in config.services.iter().filter(|s| s.openai.is_some()) {
             // Present from the start at 0, so a rate() over it is defined before the first call.
             metrics.register_tokens(&service.name);
         }
-        // One Redis connection for the process, shared by every limited service.
-        let limited = (config.services.iter()).any(|s| s.rate_limit_per_minute.is_some());
-        let shared = (config.rate_limits.redis.as_ref())
-            .filter(|_| limited)
-            .map(|server| Arc::new(Backend::new(server, &metrics.rate_limit_backend_errors())));
         (config.services.iter().zip(replicas))
             .map(|(settings, replicas)| Route {
-                limit: Limit::new(
-                    &settings.name,
-                    settings.rate_limit_per_minute,
-                    shared.as_ref(),
-                ),
+                limit: Limit::new(&settings.name, settings.rate_limit_per_minute, redis),
                 metrics: metrics.for_service(&settings.name),
                 settings: settings.clone(),
                 replicas,

@@ -30,7 +30,7 @@ impl Limiter {
 
     /// Counts this request; `Err(seconds)` until the window ends if it is over the limit.
     pub fn check(&self, principal: &Principal) -> Result<(), u64> {
-        let key = (principal.kind.as_str(), &*principal.id);
+        let key = principal.rate_subject();
         if self.rate.observe(&key, 1) <= self.per_window {
             return Ok(());
         }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::auth::Principal;
 
 pub use self::local::Limiter;
-pub use self::redis::Backend;
+pub use self::redis::{escape_id, Backend};
 
 /// One service's limit.
 pub enum Limit {

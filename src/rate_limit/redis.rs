@@ -67,6 +67,7 @@ pub struct Backend {
     script: Script,
     health: Health,
     errors: ErrorCounters,
+    recoveries: AtomicU64,
 }
 
 struct ErrorCounters {
@@ -92,6 +93,7 @@ impl Backend {
             connection: OnceLock::new(),
             script: Script::new(SCRIPT),
             health: Health::default(),
+            recoveries: AtomicU64::new(0),
             // Present from the start at 0, so a rate() over them is defined before any failure.
             errors: ErrorCounters {
                 error: errors.with_label_values(&["error"]),
@@ -104,6 +106,24 @@ impl Backend {
     /// The fleet's decision for one request under `key`; `None` when Redis failed, timed out
     /// or is known to be down: the caller then decides alone.
     pub async fn decide(&self, key: &str, limit: u32) -> Option<Result<(), u64>> {
+        let (allowed, wait_us) = self
+            .invoke::<(i64, i64)>(&self.script, &[key], &[limit as i64, PERIOD_US as i64])
+            .await?;
+        Some(if allowed == 1 {
+            Ok(())
+        } else {
+            Err(retry_after(wait_us))
+        })
+    }
+
+    /// Runs `script` on `keys` and `args` within `TIMEOUT`; `None` when Redis failed, timed
+    /// out or is known to be down (counted, warned once per outage).
+    pub async fn invoke<T: ::redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[i64],
+    ) -> Option<T> {
         let attempt = self.health.attempt();
         if attempt == Attempt::Skip {
             self.errors.unavailable.inc();
@@ -111,29 +131,27 @@ impl Backend {
         }
         let reply = match self.connection() {
             Ok(mut connection) => {
-                let mut invocation = self.script.key(key);
-                invocation.arg(limit).arg(PERIOD_US);
-                tokio::time::timeout(
-                    TIMEOUT,
-                    invocation.invoke_async::<(i64, i64)>(&mut connection),
-                )
-                .await
+                let mut invocation = script.prepare_invoke();
+                for key in keys {
+                    invocation.key(*key);
+                }
+                for arg in args {
+                    invocation.arg(*arg);
+                }
+                tokio::time::timeout(TIMEOUT, invocation.invoke_async::<T>(&mut connection)).await
             }
             Err(e) => Ok(Err(e)),
         };
         match reply {
-            Ok(Ok((allowed, wait_us))) => {
+            Ok(Ok(value)) => {
                 if self.health.answered(attempt) {
+                    self.recoveries.fetch_add(1, Ordering::Release);
                     log::warn!(
-                        "rate limits: Redis at {} answers again: limits are shared by the fleet again",
+                        "Redis at {} answers again: limits and budgets are shared by the fleet again",
                         self.shown
                     );
                 }
-                Some(if allowed == 1 {
-                    Ok(())
-                } else {
-                    Err(retry_after(wait_us))
-                })
+                Some(value)
             }
             Ok(Err(e)) => {
                 self.failed(&self.errors.error, &e);
@@ -147,12 +165,23 @@ impl Backend {
         }
     }
 
+    /// How many outages have ended since start-up: budgets re-seed the shared counters from
+    /// the ledger after each.
+    pub fn recoveries(&self) -> u64 {
+        self.recoveries.load(Ordering::Acquire)
+    }
+
+    /// Whether Redis is known to be down now.
+    pub fn is_down(&self) -> bool {
+        self.health.down.load(Ordering::Acquire)
+    }
+
     fn failed(&self, counter: &IntCounter, error: &dyn fmt::Display) {
         counter.inc();
         if self.health.failed() {
             log::warn!(
-                "rate limits: Redis at {} unavailable ({error}): each gateway limits callers on \
-                 its own until it answers; asking again at most once a second",
+                "Redis at {} unavailable ({error}): each gateway counts rate limits and budgets \
+                 on its own until it answers; asking again at most once a second",
                 self.shown
             );
         }
@@ -213,7 +242,8 @@ impl Shared {
         // Counted per process on every request, so that a fallback starts from this process's
         // recent traffic rather than from nothing.
         let local = self.local.check(principal);
-        let key = caller_key(&self.service, principal.kind.as_str(), &principal.id);
+        let (kind, id) = principal.rate_subject();
+        let key = caller_key(&self.service, kind, id);
         self.backend.decide(&key, self.limit).await.unwrap_or(local)
     }
 }

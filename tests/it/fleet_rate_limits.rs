@@ -112,7 +112,7 @@ fn backend_errors(metrics: &str) -> f64 {
         .sum()
 }
 
-const DOWN: &str = "rate limits: Redis at";
+const DOWN: &str = "Redis at";
 fn warnings(gw: &Gateway, what: &str) -> usize {
     gw.log()
         .lines()

@@ -26,6 +26,30 @@ impl<'de> Shape<'de> for Stream<'_> {
     }
 }
 
+/// A count the gateway reads (`max_tokens`, `n`…): a non-negative integer, or `null` for
+/// absent.
+pub(super) struct Count<'p> {
+    pub(super) problem: &'p Problem,
+    pub(super) field: &'static str,
+}
+
+impl<'de> Shape<'de> for Count<'_> {
+    type Value = Option<u64>;
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!("{} must be a non-negative integer", self.field)
+    }
+    fn unsigned<E: de::Error>(self, value: u64) -> Result<Option<u64>, E> {
+        Ok(Some(value))
+    }
+    fn null<E: de::Error>(self) -> Result<Option<u64>, E> {
+        Ok(None)
+    }
+}
+
 /// `stream_options`: an object (or `null`) whose `include_usage`, when present, is a boolean
 /// (or `null`).
 pub(super) struct StreamOptions<'p>(pub(super) &'p Problem);

@@ -15,7 +15,7 @@ use super::{BodyError, Endpoint};
 
 mod fields;
 
-use fields::{Input, Messages, Stream, StreamOptions};
+use fields::{Count, Input, Messages, Stream, StreamOptions};
 
 /// The endpoints with a streamed variant, where `stream` and `stream_options` are read.
 fn streams(endpoint: Endpoint) -> bool {
@@ -39,6 +39,20 @@ pub(super) struct Scanned<'a> {
     pub stream: bool,
     /// A `stream_options` member (chat and completions), found valid.
     pub stream_options: bool,
+    /// The largest of `max_tokens` and `max_completion_tokens` (chat and completions), when
+    /// either is stated.
+    pub max_tokens: Option<u64>,
+    /// The largest of `n` and `best_of`: completions generated per request (default 1).
+    pub choices: Option<u64>,
+}
+
+impl Scanned<'_> {
+    /// The most completion tokens the request states it may use: its cap times its choices;
+    /// `None` when it states no cap.
+    pub fn completion_cap(&self) -> Option<u64> {
+        let per_choice = self.max_tokens?;
+        Some(per_choice.saturating_mul(self.choices.unwrap_or(1).max(1)))
+    }
 }
 
 /// Checks `body` and returns what it holds.
@@ -115,6 +129,10 @@ trait Shape<'de>: Sized {
     fn integer<E: de::Error>(self) -> Result<Self::Value, E> {
         Err(self.refuse())
     }
+    /// A non-negative integer, for shapes that want its value.
+    fn unsigned<E: de::Error>(self, _value: u64) -> Result<Self::Value, E> {
+        self.integer()
+    }
     /// Any other number.
     fn float<E: de::Error>(self) -> Result<Self::Value, E> {
         Err(self.refuse())
@@ -156,8 +174,8 @@ impl<'de, S: Shape<'de>> Visitor<'de> for Check<S> {
     fn visit_i64<E: de::Error>(self, _: i64) -> Result<S::Value, E> {
         self.0.integer()
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<S::Value, E> {
-        self.0.integer()
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<S::Value, E> {
+        self.0.unsigned(value)
     }
     fn visit_f64<E: de::Error>(self, _: f64) -> Result<S::Value, E> {
         self.0.float()
@@ -258,6 +276,10 @@ fn first_time<E: de::Error>(
     Ok(())
 }
 
+/// The counts read on chat and completions: two caps on tokens per choice, then two counts
+/// of choices.
+const COUNTS: [&str; 4] = ["max_tokens", "max_completion_tokens", "n", "best_of"];
+
 /// The whole body.
 struct Top<'p> {
     endpoint: Endpoint,
@@ -279,6 +301,7 @@ impl<'de> Shape<'de> for Top<'_> {
         let mut found = Scanned::default();
         let (mut seen_model, mut messages, mut stream, mut input) = (false, false, false, false);
         let (mut options, mut prompt_embeds) = (false, false);
+        let mut counts = [false; 4];
         while let Some(Text(key)) = map.next_key()? {
             match (key.as_ref(), self.endpoint) {
                 ("model", _) => {
@@ -311,6 +334,20 @@ impl<'de> Shape<'de> for Top<'_> {
                     first_time(&mut input, p, || "prompt".into())?;
                     let field = "prompt";
                     map.next_value_seed(Check(Input { problem: p, field }))?;
+                }
+                // Caps on what the request may generate, read for budget reservations.
+                (name, e) if streams(e) && COUNTS.contains(&name) => {
+                    let slot = COUNTS.iter().position(|n| *n == name).unwrap_or(0);
+                    let field = COUNTS[slot];
+                    first_time(&mut counts[slot], p, || field.into())?;
+                    let value = map.next_value_seed(Check(Count { problem: p, field }))?;
+                    let into = match slot {
+                        0 | 1 => &mut found.max_tokens,
+                        _ => &mut found.choices,
+                    };
+                    if let Some(v) = value {
+                        *into = Some(into.map_or(v, |old: u64| old.max(v)));
+                    }
                 }
                 // vLLM takes prompt embeddings instead of a prompt.
                 ("prompt_embeds", Endpoint::Completions) => {

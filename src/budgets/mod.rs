@@ -1,0 +1,457 @@
+//! Budgets: per-key and per-owner limits on tokens per hour, day and month and requests per
+//! day, in fixed UTC windows (`[budgets]`, docs/budgets.md).
+//!
+//! The request flow asks `reserve` once the body is read and before anything is forwarded:
+//! the request's worst case (prompt estimate + the completion tokens it may use) is reserved
+//! on every limited counter of its key and its owner at once, or it is refused. `settle`, in
+//! the record phase, replaces the reservation by what the response really used. Counters are
+//! per process (`local.rs`, seeded from the ledger) or, with `[rate_limits] redis`, shared by
+//! the fleet (`shared.rs`), falling back to per process while Redis fails. `sync.rs` keeps the
+//! table of who has which budget current: one poll of the store's changes per half second.
+
+mod local;
+mod shared;
+mod sync;
+pub mod window;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use prometheus::{IntCounterVec, Opts};
+
+use crate::auth::api_keys::{Budget, KeyStore, Subject};
+use crate::auth::Principal;
+use crate::config::{BudgetSettings, Enforcement};
+use crate::metrics::Metrics;
+use crate::rate_limit::Backend;
+use crate::time::rfc3339;
+use local::Local;
+use shared::{Counter, Reply, Shared};
+pub use sync::{BudgetSync, SyncState};
+use window::{Kind, Windows};
+
+/// The longest a request waits on the ledger to seed a shared counter that went missing.
+const SEED_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Whose counter: an API key, or an owner (a key's owner or a JWT `sub`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Who<'a> {
+    Key(&'a str),
+    Owner(&'a str),
+}
+
+impl Who<'_> {
+    fn subject(self) -> Subject {
+        match self {
+            Who::Key(id) => Subject::Key(id.to_owned()),
+            Who::Owner(id) => Subject::Owner(id.to_owned()),
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Who::Key(id) => format!("key {id}"),
+            Who::Owner(id) => format!("owner {id:?}"),
+        }
+    }
+}
+
+/// What a request asks of its budgets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    pub tokens: u64,
+    pub requests: u64,
+}
+
+/// A counter without room: which subject (0: the first budgeted) and which window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    pub subject: usize,
+    pub kind: Kind,
+    pub used: u64,
+    pub limit: u64,
+}
+
+/// Who has which budget: swapped whole when a budget changes (rarely), read lock-free.
+#[derive(Default, Clone)]
+pub struct Table {
+    keys: HashMap<Box<str>, Budget>,
+    owners: HashMap<Box<str>, Budget>,
+}
+
+impl Table {
+    fn set(&mut self, subject: &Subject, budget: Budget) {
+        let (map, id) = match subject {
+            Subject::Key(id) => (&mut self.keys, id),
+            Subject::Owner(id) => (&mut self.owners, id),
+        };
+        if budget.is_empty() {
+            map.remove(id.as_str());
+        } else {
+            map.insert(id.as_str().into(), budget);
+        }
+    }
+
+    fn get(&self, subject: &Subject) -> Option<Budget> {
+        match subject {
+            Subject::Key(id) => self.keys.get(id.as_str()).copied(),
+            Subject::Owner(id) => self.owners.get(id.as_str()).copied(),
+        }
+    }
+}
+
+/// One line of OpenAI's `x-ratelimit-*` headers: a counter's limit, what is left, and the
+/// seconds until its window resets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Line {
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset: u64,
+}
+
+/// The headers a budgeted caller's response carries: its tightest token window and, when a
+/// request budget applies, its request window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quota {
+    pub tokens: Option<Line>,
+    pub requests: Option<Line>,
+}
+
+impl Quota {
+    /// Keeps, per unit, the line with the least left (then the soonest reset).
+    fn consider(&mut self, kind: Kind, line: Line) {
+        let slot = if kind.counts_tokens() {
+            &mut self.tokens
+        } else {
+            &mut self.requests
+        };
+        if slot.is_none_or(|old| (line.remaining, line.reset) < (old.remaining, old.reset)) {
+            *slot = Some(line);
+        }
+    }
+}
+
+/// A request's hold on its budgets until `settle`.
+pub struct Reservation {
+    key: Option<Box<str>>,
+    owner: Option<Box<str>>,
+    windows: Windows,
+    /// The limited counters, by subject (0: key, 1: owner).
+    limited: [Budget; 2],
+    tokens: u64,
+    /// Made in the shared counters (else only in this process's).
+    shared: bool,
+    pub quota: Quota,
+}
+
+impl Reservation {
+    fn subjects(&self) -> impl Iterator<Item = (usize, Who<'_>)> {
+        let key = self.key.as_deref().map(|k| (0, Who::Key(k)));
+        let owner = self.owner.as_deref().map(|o| (1, Who::Owner(o)));
+        key.into_iter().chain(owner)
+    }
+}
+
+/// A request refused for its budget: the 429's `Retry-After`, message and headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub kind: Kind,
+    pub retry_after: u64,
+    pub message: String,
+    pub quota: Quota,
+}
+
+pub struct Budgets {
+    settings: BudgetSettings,
+    table: ArcSwap<Table>,
+    local: Local,
+    shared: Option<Shared>,
+    store: Arc<dyn KeyStore>,
+    /// `portcullis_budget_rejections_total{service, window}`.
+    rejections: IntCounterVec,
+}
+
+impl Budgets {
+    /// `services`: every registered service, whose rejection counters start at 0.
+    pub fn new(
+        settings: BudgetSettings,
+        store: Arc<dyn KeyStore>,
+        redis: Option<Arc<Backend>>,
+        metrics: &Metrics,
+        services: &[&str],
+    ) -> Budgets {
+        let rejections = IntCounterVec::new(
+            Opts::new(
+                "portcullis_budget_rejections_total",
+                "Requests refused with 429 budget_exceeded, by service and the window that had no room (tokens_per_hour, tokens_per_day, tokens_per_month, requests_per_day).",
+            ),
+            &["service", "window"],
+        )
+        .expect("valid metric");
+        for service in services {
+            for kind in Kind::ALL {
+                rejections.with_label_values(&[service, kind.name()]);
+            }
+        }
+        metrics.register(Box::new(rejections.clone()));
+        Budgets {
+            settings,
+            table: ArcSwap::from_pointee(Table::default()),
+            local: Local::default(),
+            shared: redis.map(Shared::new),
+            store,
+            rejections,
+        }
+    }
+
+    /// Counts a refusal.
+    pub fn rejected(&self, service: &str, kind: Kind) {
+        self.rejections
+            .with_label_values(&[service, kind.name()])
+            .inc();
+    }
+
+    /// What a request asks: one request, and in `reserve` mode its worst case in tokens, a
+    /// prompt estimate from its body's size plus the completion tokens it may use (`None`:
+    /// not stated, so `default_max_tokens`). `reads_usage`: false where no usage is ever read
+    /// (a service without `api`), so no tokens are charged either.
+    pub fn ask(&self, body_bytes: u64, completion_cap: Option<u64>, reads_usage: bool) -> Ask {
+        let tokens = match self.settings.enforcement {
+            Enforcement::Reserve if reads_usage => body_bytes
+                .div_ceil(self.settings.prompt_bytes_per_token)
+                .saturating_add(completion_cap.unwrap_or(self.settings.default_max_tokens)),
+            _ => 0,
+        };
+        Ask {
+            tokens,
+            requests: 1,
+        }
+    }
+
+    /// Whether `principal` has a budget of its own or through its owner: two lookups.
+    pub fn applies(&self, principal: &Principal) -> bool {
+        let table = self.table.load();
+        principal
+            .key_id()
+            .is_some_and(|k| table.keys.contains_key(k))
+            || (principal.owner.as_deref()).is_some_and(|o| table.owners.contains_key(o))
+    }
+
+    /// Reserves `ask` on every limited counter of the caller's key and owner, or none.
+    pub async fn reserve(
+        &self,
+        principal: &Principal,
+        ask: Ask,
+        now: i64,
+    ) -> Result<Option<Reservation>, Refusal> {
+        let (key, owner) = {
+            let table = self.table.load();
+            let key = principal
+                .key_id()
+                .and_then(|k| Some((k, *table.keys.get(k)?)));
+            let owner = (principal.owner.as_deref()).and_then(|o| Some((o, *table.owners.get(o)?)));
+            (key, owner)
+        };
+        if key.is_none() && owner.is_none() {
+            return Ok(None);
+        }
+        let windows = Windows::at(now);
+        let mut subjects = Vec::with_capacity(2);
+        let mut limited = [Budget::default(); 2];
+        if let Some((id, budget)) = key {
+            subjects.push((Who::Key(id), budget));
+            limited[0] = budget;
+        }
+        if let Some((id, budget)) = owner {
+            subjects.push((Who::Owner(id), budget));
+            limited[1] = budget;
+        }
+        let reserved = match &self.shared {
+            Some(shared) if !shared.backend().is_down() => {
+                self.reserve_shared(shared, &subjects, ask, &windows).await
+            }
+            _ => None,
+        };
+        let (used, shared) = match reserved {
+            Some(Ok(used)) => {
+                // Counted here too, so a fallback starts from this process's traffic.
+                let _ = self.local.reserve(&subjects, ask, &windows, false);
+                (used, true)
+            }
+            Some(Err(refused)) => return Err(self.refusal(&subjects, refused, &windows)),
+            None => match self.local.reserve(&subjects, ask, &windows, true) {
+                Ok(used) => (used, false),
+                Err(refused) => return Err(self.refusal(&subjects, refused, &windows)),
+            },
+        };
+        let mut quota = Quota::default();
+        for (n, (_, budget)) in subjects.iter().enumerate() {
+            for kind in Kind::ALL {
+                if let Some(limit) = kind.limit(budget) {
+                    let line = Line {
+                        limit,
+                        remaining: limit.saturating_sub(used[n][kind.index()]),
+                        reset: windows.seconds_left(kind),
+                    };
+                    quota.consider(kind, line);
+                }
+            }
+        }
+        Ok(Some(Reservation {
+            key: key.map(|(k, _)| k.into()),
+            owner: owner.map(|(o, _)| o.into()),
+            windows,
+            limited,
+            tokens: ask.tokens,
+            shared,
+            quota,
+        }))
+    }
+
+    /// Through Redis: `None` when it did not answer (the caller then counts per process).
+    async fn reserve_shared(
+        &self,
+        shared: &Shared,
+        subjects: &[(Who<'_>, Budget)],
+        ask: Ask,
+        windows: &Windows,
+    ) -> Option<Result<[[u64; 4]; 2], Refused>> {
+        let mut counters = Vec::with_capacity(8);
+        for (n, (who, budget)) in subjects.iter().enumerate() {
+            for kind in Kind::ALL {
+                if let Some(limit) = kind.limit(budget) {
+                    counters.push(Counter {
+                        key: shared::counter_key(*who, kind, kind.start(&windows.starts)),
+                        subject: n,
+                        kind,
+                        limit: Some(limit),
+                    });
+                }
+            }
+        }
+        let amounts: Vec<u64> = (counters.iter())
+            .map(|c| c.kind.amount(ask.tokens, ask.requests))
+            .collect();
+        let mut seeds = vec![None; counters.len()];
+        for _ in 0..2 {
+            match shared.reserve(&counters, &amounts, &seeds, windows).await? {
+                Reply::Reserved(values) => {
+                    let mut used = [[0; 4]; 2];
+                    for (c, v) in counters.iter().zip(values) {
+                        used[c.subject][c.kind.index()] = v;
+                    }
+                    return Some(Ok(used));
+                }
+                Reply::Refused(i, used) => {
+                    let c = counters.get(i)?;
+                    return Some(Err(Refused {
+                        subject: c.subject,
+                        kind: c.kind,
+                        used,
+                        limit: c.limit.unwrap_or(0),
+                    }));
+                }
+                Reply::Missing(missing) => {
+                    self.seed(&counters, subjects, &missing, &mut seeds, windows)
+                        .await;
+                }
+            }
+        }
+        None
+    }
+
+    /// Seeds for missing shared counters: the ledger's value, or at least this process's.
+    async fn seed(
+        &self,
+        counters: &[Counter],
+        subjects: &[(Who<'_>, Budget)],
+        missing: &[usize],
+        seeds: &mut [Option<u64>],
+        windows: &Windows,
+    ) {
+        let mut ledger = [None, None];
+        for &i in missing {
+            let Some(c) = counters.get(i) else { continue };
+            let who = subjects[c.subject].0;
+            if ledger[c.subject].is_none() {
+                let subject = who.subject();
+                let read = self.store.window_usage(&subject, windows.starts);
+                ledger[c.subject] = Some(match tokio::time::timeout(SEED_TIMEOUT, read).await {
+                    Ok(Ok(usage)) => usage,
+                    _ => Default::default(),
+                });
+            }
+            let from_ledger = ledger[c.subject].map_or(0, |u| c.kind.used(&u));
+            let here = self.local.value(who, c.kind, &windows.starts);
+            seeds[i] = Some(from_ledger.max(here));
+        }
+    }
+
+    fn refusal(&self, subjects: &[(Who<'_>, Budget)], r: Refused, windows: &Windows) -> Refusal {
+        let who = subjects.get(r.subject).map_or(Who::Key("?"), |s| s.0);
+        let retry_after = windows.seconds_left(r.kind);
+        let unit = if r.kind.counts_tokens() {
+            "tokens"
+        } else {
+            "requests"
+        };
+        let message = format!(
+            "{} budget of {} exhausted: {} of {} {unit} used or reserved; it resets at {}",
+            r.kind.name(),
+            who.describe(),
+            r.used.min(r.limit),
+            r.limit,
+            rfc3339(r.kind.start(&windows.ends)),
+        );
+        let mut quota = Quota::default();
+        let line = Line {
+            limit: r.limit,
+            remaining: r.limit.saturating_sub(r.used),
+            reset: retry_after,
+        };
+        quota.consider(r.kind, line);
+        Refusal {
+            kind: r.kind,
+            retry_after,
+            message,
+            quota,
+        }
+    }
+
+    /// Replaces a reservation by what the request used: `tokens` (prompt + completion), and
+    /// whether it was forwarded at all (a request never sent upstream gives its count back).
+    pub async fn settle(&self, r: Reservation, tokens: u64, forwarded: bool) {
+        let token_delta = tokens as i64 - r.tokens as i64;
+        let request_delta = if forwarded { 0 } else { -1 };
+        if token_delta == 0 && request_delta == 0 {
+            return;
+        }
+        let whos: Vec<Who<'_>> = r.subjects().map(|(_, w)| w).collect();
+        (self.local).adjust(&whos, &r.windows.starts, token_delta, request_delta);
+        let Some(shared) = self.shared.as_ref().filter(|_| r.shared) else {
+            return;
+        };
+        let mut keys = Vec::with_capacity(8);
+        let mut deltas = Vec::with_capacity(8);
+        for (n, who) in r.subjects() {
+            for kind in Kind::ALL {
+                if kind.limit(&r.limited[n]).is_some() {
+                    let start = kind.start(&r.windows.starts);
+                    keys.push(shared::counter_key(who, kind, start));
+                    deltas.push(if kind.counts_tokens() {
+                        token_delta
+                    } else {
+                        request_delta
+                    });
+                }
+            }
+        }
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        shared.adjust(&keys, &deltas).await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

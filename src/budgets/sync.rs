@@ -1,0 +1,174 @@
+//! Keeping budgets current: the table of who has which budget, loaded before the gateway
+//! serves and then polled from the store every `POLL` (so a change made anywhere, by the CLI
+//! or the key API, is enforced within about a second by every gateway, with or without
+//! Redis); and the counters' seeds from the ledger: at start-up, for a newly budgeted
+//! subject, after a Redis outage (raising the shared counters to what the ledger holds),
+//! and every `RESEED` while Redis is down (so per-process counting sees the fleet's flushed
+//! usage).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+
+use super::shared::{counter_key, expiry};
+use super::window::{Kind, Windows};
+use super::{Budgets, Table, Who};
+use crate::auth::api_keys::{BudgetChange, StoreError, Subject};
+use crate::time::unix_now;
+
+/// How often the store is asked for budget changes.
+pub const POLL: Duration = Duration::from_millis(500);
+/// Changes are read back this far before the newest one seen: a writer's clock may lag, and
+/// a change committed late with an older stamp is still picked up.
+const OVERLAP_MS: i64 = 10_000;
+/// While Redis is down, per-process counters are raised to the ledger this often.
+const RESEED: Duration = Duration::from_secs(5);
+
+/// What the poller remembers between ticks.
+#[derive(Default)]
+pub struct SyncState {
+    newest_ms: i64,
+    recoveries: u64,
+    reseeded: Option<Instant>,
+    store_down: bool,
+}
+
+impl Budgets {
+    /// Loads every budget and seeds this process's counters from the ledger. Called before
+    /// serving, so the first request is already decided against spent budget.
+    pub async fn load(&self, state: &mut SyncState) -> Result<usize, StoreError> {
+        let changes = self.store.budget_changes(0).await?;
+        let mut table = Table::default();
+        for c in &changes {
+            table.set(&c.subject, c.budget);
+        }
+        state.newest_ms = changes.iter().map(|c| c.changed_at_ms).max().unwrap_or(0);
+        let n = table.keys.len() + table.owners.len();
+        self.table.store(Arc::new(table));
+        self.seed_all(false).await?;
+        Ok(n)
+    }
+
+    /// One tick: budget changes, then whatever seeding Redis's state calls for.
+    pub async fn poll(&self, state: &mut SyncState) {
+        let result = self.poll_changes(state).await;
+        let result = match (result, &self.shared) {
+            (Ok(()), Some(shared)) => {
+                let backend = shared.backend();
+                if backend.recoveries() != state.recoveries {
+                    state.recoveries = backend.recoveries();
+                    self.seed_all(true).await
+                } else if backend.is_down() && state.reseeded.is_none_or(|t| t.elapsed() > RESEED) {
+                    state.reseeded = Some(Instant::now());
+                    self.seed_all(false).await
+                } else {
+                    Ok(())
+                }
+            }
+            (result, _) => result,
+        };
+        match result {
+            Ok(()) if state.store_down => {
+                state.store_down = false;
+                log::warn!("budgets: the key store answers again; budget changes apply again");
+            }
+            Err(e) if !state.store_down => {
+                state.store_down = true;
+                log::warn!(
+                    "budgets: cannot read budgets from the key store ({e}); enforcing the \
+                     budgets known until it answers"
+                );
+            }
+            _ => {}
+        }
+    }
+
+    async fn poll_changes(&self, state: &mut SyncState) -> Result<(), StoreError> {
+        let since = (state.newest_ms - OVERLAP_MS).max(0);
+        let changes = self.store.budget_changes(since).await?;
+        let current = self.table.load_full();
+        let changed: Vec<&BudgetChange> = (changes.iter())
+            .filter(|c| current.get(&c.subject).unwrap_or_default() != c.budget)
+            .collect();
+        if let Some(newest) = changes.iter().map(|c| c.changed_at_ms).max() {
+            state.newest_ms = state.newest_ms.max(newest);
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        // Newly budgeted subjects start from what the ledger holds, before they are enforced.
+        let starts = Windows::at(unix_now()).starts;
+        for c in changed.iter().filter(|c| current.get(&c.subject).is_none()) {
+            let usage = self.store.window_usage(&c.subject, starts).await?;
+            self.local.seed(who(&c.subject), &starts, &usage);
+        }
+        let mut table = Table::clone(&current);
+        for c in &changed {
+            table.set(&c.subject, c.budget);
+        }
+        log::info!("budgets: {} budget(s) changed", changed.len());
+        self.table.store(Arc::new(table));
+        Ok(())
+    }
+
+    /// Raises every budgeted subject's counters to the ledger's values: this process's, and
+    /// with `shared` Redis's too.
+    async fn seed_all(&self, shared: bool) -> Result<(), StoreError> {
+        let windows = Windows::at(unix_now());
+        let usage = self.store.all_window_usage(windows.starts).await?;
+        let table = self.table.load_full();
+        let mut keys = Vec::new();
+        let mut floors = Vec::new();
+        for (subject, used) in &usage {
+            let Some(budget) = table.get(subject) else {
+                continue;
+            };
+            let who = who(subject);
+            self.local.seed(who, &windows.starts, used);
+            for kind in Kind::ALL.into_iter().filter(|k| k.limit(&budget).is_some()) {
+                keys.push(counter_key(who, kind, kind.start(&windows.starts)));
+                floors.push((kind.used(used), expiry(kind, &windows)));
+            }
+        }
+        if let (true, Some(shared)) = (shared && !keys.is_empty(), &self.shared) {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            for (keys, floors) in keys.chunks(256).zip(floors.chunks(256)) {
+                shared.raise(keys, floors).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn who(subject: &Subject) -> Who<'_> {
+    match subject {
+        Subject::Key(id) => Who::Key(id),
+        Subject::Owner(id) => Who::Owner(id),
+    }
+}
+
+/// The background service polling budget changes.
+pub struct BudgetSync {
+    pub budgets: Arc<Budgets>,
+    pub state: std::sync::Mutex<Option<SyncState>>,
+}
+
+#[async_trait]
+impl BackgroundService for BudgetSync {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut state = (self.state.lock().unwrap_or_else(|e| e.into_inner()))
+            .take()
+            .unwrap_or_default();
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.budgets.poll(&mut state).await,
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}

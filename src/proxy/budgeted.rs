@@ -1,0 +1,85 @@
+//! The budget phase of the request flow: after authorisation and the body's validation,
+//! before anything is forwarded, a budgeted caller's request reserves its worst case
+//! (`budgets::Budgets::reserve`) or is refused with `429 budget_exceeded`; its responses carry
+//! OpenAI's `x-ratelimit-*` headers for its tightest window; the record phase settles the
+//! reservation with what was really used.
+
+use pingora::http::ResponseHeader;
+use pingora::Result;
+
+use super::{Gateway, RequestCtx};
+use crate::budgets::window::openai_duration;
+use crate::budgets::{Line, Quota, Refusal};
+use crate::time::unix_now;
+
+const TOKENS: [&str; 3] = [
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+];
+const REQUESTS: [&str; 3] = [
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+];
+
+impl Gateway {
+    /// Reserves the request's budget once what it asks is known: at once for a request
+    /// whose body is not read, once the body is read for one that is. `Err`: refused.
+    pub(super) async fn reserve_budget(&self, ctx: &mut RequestCtx) -> Result<(), Box<Refusal>> {
+        let (Some(budgets), Some(principal)) = (&self.budgets, &ctx.principal) else {
+            return Ok(());
+        };
+        if ctx.budget_decided || !budgets.applies(principal) {
+            return Ok(());
+        }
+        let ask = match &ctx.openai {
+            Some(exchange) => match exchange.ask {
+                Some((bytes, cap)) => budgets.ask(bytes, cap, true),
+                // A body held until complete: decided when it is.
+                None => return Ok(()),
+            },
+            None => budgets.ask(0, None, false),
+        };
+        ctx.budget_decided = true;
+        match Box::pin(budgets.reserve(principal, ask, unix_now())).await {
+            Ok(reservation) => {
+                ctx.budget = reservation.map(Box::new);
+                Ok(())
+            }
+            Err(refusal) => {
+                budgets.rejected(self.service_label(ctx), refusal.kind);
+                Err(Box::new(refusal))
+            }
+        }
+    }
+
+    /// Gives back what the request reserved beyond what it used.
+    pub(super) async fn settle_budget(&self, ctx: &mut RequestCtx) {
+        let (Some(budgets), Some(reservation)) = (&self.budgets, ctx.budget.take()) else {
+            return;
+        };
+        let charged = ctx.openai.as_ref().and_then(|x| x.metered.charged());
+        let tokens = charged.map_or(0, |c| {
+            c.usage.prompt_tokens.unwrap_or(0) + c.usage.completion_tokens.unwrap_or(0)
+        });
+        let forwarded = ctx.upstream_sent.is_some();
+        budgets.settle(*reservation, tokens, forwarded).await;
+    }
+}
+
+/// OpenAI's rate-limit headers for `quota`, replacing the upstream's of the same names.
+pub fn quota_headers(response: &mut ResponseHeader, quota: &Quota) -> Result<()> {
+    for (names, line) in [(TOKENS, quota.tokens), (REQUESTS, quota.requests)] {
+        let Some(line) = line else { continue };
+        let Line {
+            limit,
+            remaining,
+            reset,
+        } = line;
+        response.insert_header(names[0], limit)?;
+        response.insert_header(names[1], remaining)?;
+        response.insert_header(names[2], openai_duration(reset))?;
+    }
+    Ok(())
+}
