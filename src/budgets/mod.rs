@@ -134,6 +134,7 @@ impl Quota {
 }
 
 /// A request's hold on its budgets until `settle`.
+#[derive(Debug)]
 pub struct Reservation {
     key: Option<Box<str>>,
     owner: Option<Box<str>>,

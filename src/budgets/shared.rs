@@ -8,6 +8,8 @@
 //! answers which ones are missing, the gateway reads the ledger for them, and asks again with
 //! those values as seeds (`SET` only where still missing, so concurrent seeds agree).
 
+use std::time::Duration;
+
 use redis::Script;
 
 use super::window::{Kind, Windows};
@@ -81,6 +83,11 @@ end
 return 0
 "#;
 
+/// The longest a budget call waits on Redis before the process decides alone: longer than
+/// a rate limit's, since a budget decided alone may let a fleet overshoot; Redis on a
+/// healthy network answers in well under a millisecond.
+const TIMEOUT: Duration = Duration::from_millis(250);
+
 /// Counters outlive their window by this much, so a late refund still finds its counter.
 const GRACE: i64 = 3600;
 
@@ -140,7 +147,10 @@ impl Shared {
             args.push(expiry(c.kind, windows));
             args.push(seeds[i].map_or(-1, clamp));
         }
-        let reply: Vec<i64> = self.backend.invoke(&self.reserve, &keys, &args).await?;
+        let reply: Vec<i64> = self
+            .backend
+            .invoke(&self.reserve, &keys, &args, TIMEOUT)
+            .await?;
         Some(match reply.first() {
             Some(1) => Reply::Reserved(reply[1..].iter().map(|&v| v.max(0) as u64).collect()),
             Some(0) if reply.len() == 3 => {
@@ -155,15 +165,26 @@ impl Shared {
         })
     }
 
+    /// Connects and loads the scripts, off any request's clock; whether Redis answered.
+    pub async fn warm(&self) -> bool {
+        let loaded: Option<i64> = self.backend.invoke(&self.adjust, &[], &[], TIMEOUT).await;
+        let _: Option<i64> = self.backend.invoke(&self.raise, &[], &[], TIMEOUT).await;
+        let reserve: Option<Vec<i64>> = self.backend.invoke(&self.reserve, &[], &[], TIMEOUT).await;
+        loaded.is_some() && reserve.is_some()
+    }
+
     /// Adds `deltas` to the counters (a settled reservation).
     pub async fn adjust(&self, keys: &[&str], deltas: &[i64]) {
-        let _: Option<i64> = self.backend.invoke(&self.adjust, keys, deltas).await;
+        let _: Option<i64> = self
+            .backend
+            .invoke(&self.adjust, keys, deltas, TIMEOUT)
+            .await;
     }
 
     /// Raises counters to the ledger's values.
     pub async fn raise(&self, keys: &[&str], floors: &[(u64, i64)]) -> bool {
         let args: Vec<i64> = floors.iter().flat_map(|&(f, e)| [clamp(f), e]).collect();
-        let done: Option<i64> = self.backend.invoke(&self.raise, keys, &args).await;
+        let done: Option<i64> = self.backend.invoke(&self.raise, keys, &args, TIMEOUT).await;
         done.is_some()
     }
 }

@@ -162,6 +162,9 @@ impl BackgroundService for BudgetSync {
         let mut state = (self.state.lock().unwrap_or_else(|e| e.into_inner()))
             .take()
             .unwrap_or_default();
+        if let Some(shared) = &self.budgets.shared {
+            shared.warm().await;
+        }
         let mut tick = tokio::time::interval(POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -1,1 +1,367 @@
+//! Budgets against an in-memory store: per-process counters, windows that roll over at the
+//! UTC boundary (an injected clock), and the shared counters against a real redis-server.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use super::window::Kind;
+use super::{Ask, Budgets, SyncState};
+use crate::auth::api_keys::{
+    Budget, BudgetChange, KeyRecord, KeyStore, StoreError, StoredKey, Subject, WindowStarts,
+    WindowUsage,
+};
+use crate::auth::{Principal, PrincipalKind};
+use crate::config::{BudgetSettings, Enforcement, RedisServer as RedisUrl};
+use crate::metrics::Metrics;
+use crate::rate_limit::Backend;
+use crate::time::parse_date;
+
+/// Budgets and ledger sums, as a store would hold them.
+#[derive(Default)]
+struct Store {
+    budgets: Mutex<Vec<BudgetChange>>,
+    ledger: Mutex<HashMap<Subject, WindowUsage>>,
+}
+
+#[async_trait]
+impl KeyStore for Store {
+    async fn find(&self, _: &str) -> Result<Option<StoredKey>, StoreError> {
+        Ok(None)
+    }
+    async fn insert(&self, _: &StoredKey) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    async fn revoke(&self, _: &str, _: i64) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+    async fn budget_changes(&self, since_ms: i64) -> Result<Vec<BudgetChange>, StoreError> {
+        let all = self.budgets.lock().unwrap();
+        Ok(all
+            .iter()
+            .filter(|c| c.changed_at_ms >= since_ms)
+            .cloned()
+            .collect())
+    }
+    async fn window_usage(&self, s: &Subject, _: WindowStarts) -> Result<WindowUsage, StoreError> {
+        Ok(self
+            .ledger
+            .lock()
+            .unwrap()
+            .get(s)
+            .copied()
+            .unwrap_or_default())
+    }
+    async fn all_window_usage(
+        &self,
+        _: WindowStarts,
+    ) -> Result<Vec<(Subject, WindowUsage)>, StoreError> {
+        let ledger = self.ledger.lock().unwrap();
+        Ok(ledger.iter().map(|(s, u)| (s.clone(), *u)).collect())
+    }
+}
+
+impl Store {
+    fn set(&self, subject: Subject, budget: Budget, at_ms: i64) {
+        let mut all = self.budgets.lock().unwrap();
+        all.retain(|c| c.subject != subject);
+        all.push(BudgetChange {
+            subject,
+            budget,
+            changed_at_ms: at_ms,
+        });
+    }
+}
+
+fn settings(enforcement: Enforcement) -> BudgetSettings {
+    BudgetSettings {
+        enforcement,
+        default_max_tokens: 100,
+        prompt_bytes_per_token: 4,
+    }
+}
+
+fn key(id: &str, owner: Option<&str>) -> Principal {
+    Principal {
+        kind: PrincipalKind::ApiKey,
+        id: id.into(),
+        scopes: Box::new([]),
+        owner: owner.map(Into::into),
+    }
+}
+
+fn per_day(tokens: u64) -> Budget {
+    Budget {
+        tokens_per_day: Some(tokens),
+        ..Budget::default()
+    }
+}
+
+async fn budgets(store: &Arc<Store>, redis: Option<Arc<Backend>>) -> Budgets {
+    let b = Budgets::new(
+        settings(Enforcement::Reserve),
+        store.clone(),
+        redis,
+        &Metrics::new(),
+        &["infer"],
+    );
+    b.load(&mut SyncState::default()).await.unwrap();
+    b
+}
+
+/// Noon of a fixed UTC day.
+fn noon() -> i64 {
+    parse_date("2026-11-25").unwrap() + 12 * 3600
+}
+
+const ASK: Ask = Ask {
+    tokens: 40,
+    requests: 1,
+};
+
+#[tokio::test]
+async fn a_key_is_refused_once_its_window_is_spent_and_refunds_make_room() {
+    let store = Arc::new(Store::default());
+    store.set(Subject::Key("k1".into()), per_day(100), 1);
+    let b = budgets(&store, None).await;
+    let caller = key("k1", None);
+    let first = b.reserve(&caller, ASK, noon()).await.unwrap().unwrap();
+    let tokens = first.quota.tokens.unwrap();
+    assert_eq!((tokens.limit, tokens.remaining), (100, 60));
+    assert_eq!(tokens.reset, 12 * 3600);
+    let _second = b.reserve(&caller, ASK, noon()).await.unwrap().unwrap();
+    let refused = b.reserve(&caller, ASK, noon()).await.unwrap_err();
+    assert_eq!(refused.kind, Kind::TokensPerDay);
+    assert_eq!(refused.retry_after, 12 * 3600);
+    assert!(
+        refused.message.contains("tokens_per_day") && refused.message.contains("key k1"),
+        "{}",
+        refused.message
+    );
+    // The first used 10 of its 40: 30 come back, room for 40 again.
+    b.settle(first, 10, true).await;
+    assert!(b.reserve(&caller, ASK, noon()).await.unwrap().is_some());
+    // Another key is not budgeted at all.
+    assert!(b
+        .reserve(&key("k2", None), ASK, noon())
+        .await
+        .unwrap()
+        .is_none());
+}
+
+#[tokio::test]
+async fn windows_reset_at_the_utc_boundary() {
+    let store = Arc::new(Store::default());
+    let hourly = Budget {
+        tokens_per_hour: Some(50),
+        tokens_per_day: Some(60),
+        ..Budget::default()
+    };
+    store.set(Subject::Key("k".into()), hourly, 1);
+    let b = budgets(&store, None).await;
+    let caller = key("k", None);
+    let before = noon() + 3599;
+    b.reserve(&caller, ASK, before).await.unwrap();
+    let refused = b.reserve(&caller, ASK, before).await.unwrap_err();
+    assert_eq!(refused.kind, Kind::TokensPerHour);
+    assert_eq!(refused.retry_after, 1);
+    // The next hour has room, but the day (60) has only 20 left.
+    let next_hour = noon() + 3600;
+    let refused = b.reserve(&caller, ASK, next_hour).await.unwrap_err();
+    assert_eq!(refused.kind, Kind::TokensPerDay);
+    // The next UTC day starts from nothing.
+    let next_day = parse_date("2026-11-26").unwrap();
+    b.reserve(&caller, ASK, next_day).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_owner_budget_covers_its_keys_and_its_jwt_calls_and_seeds_from_the_ledger() {
+    let store = Arc::new(Store::default());
+    store.set(Subject::Owner("alice".into()), per_day(200), 1);
+    // Spent before this process started: a restart does not forget it.
+    store.ledger.lock().unwrap().insert(
+        Subject::Owner("alice".into()),
+        WindowUsage {
+            day_tokens: 90,
+            ..Default::default()
+        },
+    );
+    let b = budgets(&store, None).await;
+    let jwt = Principal {
+        kind: PrincipalKind::Jwt,
+        id: "alice".into(),
+        scopes: Box::new([]),
+        owner: Some("alice".into()),
+    };
+    b.reserve(&key("a1", Some("alice")), ASK, noon())
+        .await
+        .unwrap();
+    b.reserve(&jwt, ASK, noon()).await.unwrap();
+    // 90 + 40 + 40 = 170: 40 more would pass 200.
+    let refused = b
+        .reserve(&key("a2", Some("alice")), ASK, noon())
+        .await
+        .unwrap_err();
+    assert!(
+        refused.message.contains("owner \"alice\""),
+        "{}",
+        refused.message
+    );
+    assert!(b
+        .reserve(&key("b1", Some("bob")), ASK, noon())
+        .await
+        .unwrap()
+        .is_none());
+}
+
+#[tokio::test]
+async fn requests_per_day_count_requests_and_unforwarded_ones_come_back() {
+    let store = Arc::new(Store::default());
+    let budget = Budget {
+        requests_per_day: Some(2),
+        ..Budget::default()
+    };
+    store.set(Subject::Key("k".into()), budget, 1);
+    let b = budgets(&store, None).await;
+    let caller = key("k", None);
+    let one = b.reserve(&caller, ASK, noon()).await.unwrap().unwrap();
+    let requests = one.quota.requests.unwrap();
+    assert_eq!((requests.limit, requests.remaining), (2, 1));
+    assert!(one.quota.tokens.is_none());
+    b.reserve(&caller, ASK, noon()).await.unwrap();
+    assert_eq!(
+        b.reserve(&caller, ASK, noon()).await.unwrap_err().kind,
+        Kind::RequestsPerDay
+    );
+    // Never forwarded (the upstream could not be reached): the request is not counted.
+    b.settle(one, 0, false).await;
+    b.reserve(&caller, ASK, noon()).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_budget_change_applies_on_the_next_poll() {
+    let store = Arc::new(Store::default());
+    let b = budgets(&store, None).await;
+    let caller = key("k", None);
+    assert!(b.reserve(&caller, ASK, noon()).await.unwrap().is_none());
+    store.set(Subject::Key("k".into()), per_day(10), 5);
+    let mut state = SyncState::default();
+    b.poll(&mut state).await;
+    assert!(b.reserve(&caller, ASK, noon()).await.is_err());
+    store.set(Subject::Key("k".into()), Budget::default(), 6);
+    b.poll(&mut state).await;
+    assert!(b.reserve(&caller, ASK, noon()).await.unwrap().is_none());
+}
+
+#[test]
+fn asks_reserve_the_prompt_estimate_and_the_stated_cap() {
+    let store = Arc::new(Store::default());
+    let reserve = Budgets::new(
+        settings(Enforcement::Reserve),
+        store.clone(),
+        None,
+        &Metrics::new(),
+        &[],
+    );
+    assert_eq!(reserve.ask(401, Some(7), true).tokens, 101 + 7);
+    assert_eq!(reserve.ask(400, None, true).tokens, 100 + 100);
+    assert_eq!(reserve.ask(400, None, false).tokens, 0);
+    let after = Budgets::new(
+        settings(Enforcement::After),
+        store,
+        None,
+        &Metrics::new(),
+        &[],
+    );
+    assert_eq!(
+        after.ask(400, Some(7), true),
+        Ask {
+            tokens: 0,
+            requests: 1
+        }
+    );
+}
+
+fn redis_backend(url: &str) -> Arc<Backend> {
+    let errors =
+        prometheus::IntCounterVec::new(prometheus::Opts::new("errors", "test"), &["reason"])
+            .unwrap();
+    let server = RedisUrl {
+        client: redis::Client::open(url).unwrap(),
+        shown: "test".into(),
+    };
+    Arc::new(Backend::new(&server, &errors))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_sharing_redis_never_admit_past_the_budget_and_a_flush_reseeds_from_the_ledger() {
+    let Some(redis) = testkit::redis::RedisServer::start_own_or_skip() else {
+        return;
+    };
+    let id = format!("k{:016x}", rand::random::<u64>());
+    let store = Arc::new(Store::default());
+    store.set(Subject::Key(id.clone()), per_day(1000), 1);
+    let fleet = [
+        Arc::new(budgets(&store, Some(redis_backend(redis.url()))).await),
+        Arc::new(budgets(&store, Some(redis_backend(redis.url()))).await),
+    ];
+    // Connected first, as the gateway's poller does at start: a first connection slower than
+    // the request timeout would be counted per process.
+    for gateway in &fleet {
+        let shared = gateway.shared.as_ref().unwrap();
+        let start = std::time::Instant::now();
+        while !shared.warm().await {
+            assert!(start.elapsed().as_secs() < 10, "redis never answered");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    let mut tasks = Vec::new();
+    for n in 0..100 {
+        let gateway = fleet[n % 2].clone();
+        let id = id.clone();
+        tasks.push(tokio::spawn(async move {
+            let admitted = gateway.reserve(&key(&id, None), ASK, noon()).await;
+            admitted.ok().flatten().map(|r| (n % 2, r))
+        }));
+    }
+    let mut admitted = Vec::new();
+    for t in tasks {
+        admitted.extend(t.await.unwrap());
+    }
+    // 1000 / 40: exactly 25, whichever gateway asked.
+    assert_eq!(admitted.len(), 25);
+    // Each used 10 of its 40: 750 come back, so 75 more fit.
+    for (n, reservation) in admitted {
+        fleet[n].settle(reservation, 10, true).await;
+    }
+    let mut more = 0;
+    for n in 0..100 {
+        more += u64::from(
+            fleet[n % 2]
+                .reserve(&key(&id, None), ASK, noon())
+                .await
+                .is_ok(),
+        );
+    }
+    assert_eq!(more, 18, "(1000 - 250) / 40");
+    // Redis loses everything; the ledger knows 700 were used (more than either gateway
+    // counted itself, at most 25 × 10 + 9 × 40): 7 more fit.
+    redis.flush_all();
+    store.ledger.lock().unwrap().insert(
+        Subject::Key(id.clone()),
+        WindowUsage {
+            day_tokens: 700,
+            ..Default::default()
+        },
+    );
+    let mut admitted = 0;
+    for n in 0..30 {
+        let r = fleet[n % 2].reserve(&key(&id, None), ASK, noon()).await;
+        admitted += u64::from(r.is_ok());
+    }
+    assert_eq!(admitted, 7);
+}

@@ -440,8 +440,70 @@ fn a_key_read_twice_is_refused() {
         ],
     );
     // Keys the gateway does not read may repeat, as may keys of other endpoints.
-    let body = format!(r#"{{"messages":{USER_HI},"n":1,"n":2,"input":1,"input":2}}"#);
+    let body = format!(r#"{{"messages":{USER_HI},"user":1,"user":2,"input":1,"input":2}}"#);
     assert!(apply(Endpoint::Chat, body.as_bytes(), &no_policy()).is_ok());
+}
+
+#[test]
+fn the_caps_budgets_reserve_are_read_and_checked() {
+    let cap = |endpoint, body: &str| {
+        crate::model_policy::plan(endpoint, body.as_bytes(), &no_policy())
+            .map(|p| p.completion_cap)
+            .map_err(|e| e.message().to_string())
+    };
+    let chat = |extra: &str| format!(r#"{{"messages":{USER_HI}{extra}}}"#);
+    assert_eq!(cap(Endpoint::Chat, &chat("")), Ok(None));
+    assert_eq!(
+        cap(Endpoint::Chat, &chat(r#","max_tokens":50"#)),
+        Ok(Some(50))
+    );
+    assert_eq!(
+        cap(
+            Endpoint::Chat,
+            &chat(r#","max_tokens":50,"max_completion_tokens":70,"n":3"#)
+        ),
+        Ok(Some(210))
+    );
+    assert_eq!(
+        cap(Endpoint::Chat, &chat(r#","max_tokens":null,"n":4"#)),
+        Ok(None)
+    );
+    assert_eq!(
+        cap(
+            Endpoint::Completions,
+            r#"{"prompt":"a","max_tokens":8,"n":2,"best_of":5}"#
+        ),
+        Ok(Some(40))
+    );
+    assert_eq!(
+        cap(Endpoint::Embeddings, r#"{"input":"a","max_tokens":9}"#),
+        Ok(Some(0))
+    );
+    for (extra, message) in [
+        (
+            r#","max_tokens":-1"#,
+            "max_tokens must be a non-negative integer",
+        ),
+        (
+            r#","max_tokens":1.5"#,
+            "max_tokens must be a non-negative integer",
+        ),
+        (
+            r#","max_completion_tokens":"9""#,
+            "max_completion_tokens must be a non-negative integer",
+        ),
+        (r#","n":[1]"#, "n must be a non-negative integer"),
+        (
+            r#","max_tokens":1,"max_tokens":2"#,
+            "max_tokens appears more than once",
+        ),
+    ] {
+        assert_eq!(
+            cap(Endpoint::Chat, &chat(extra)),
+            Err(message.to_string()),
+            "{extra}"
+        );
+    }
 }
 
 #[test]

@@ -107,7 +107,12 @@ impl Backend {
     /// or is known to be down: the caller then decides alone.
     pub async fn decide(&self, key: &str, limit: u32) -> Option<Result<(), u64>> {
         let (allowed, wait_us) = self
-            .invoke::<(i64, i64)>(&self.script, &[key], &[limit as i64, PERIOD_US as i64])
+            .invoke::<(i64, i64)>(
+                &self.script,
+                &[key],
+                &[limit as i64, PERIOD_US as i64],
+                TIMEOUT,
+            )
             .await?;
         Some(if allowed == 1 {
             Ok(())
@@ -116,13 +121,14 @@ impl Backend {
         })
     }
 
-    /// Runs `script` on `keys` and `args` within `TIMEOUT`; `None` when Redis failed, timed
+    /// Runs `script` on `keys` and `args` within `timeout`; `None` when Redis failed, timed
     /// out or is known to be down (counted, warned once per outage).
     pub async fn invoke<T: ::redis::FromRedisValue>(
         &self,
         script: &Script,
         keys: &[&str],
         args: &[i64],
+        timeout: Duration,
     ) -> Option<T> {
         let attempt = self.health.attempt();
         if attempt == Attempt::Skip {
@@ -138,7 +144,7 @@ impl Backend {
                 for arg in args {
                     invocation.arg(*arg);
                 }
-                tokio::time::timeout(TIMEOUT, invocation.invoke_async::<T>(&mut connection)).await
+                tokio::time::timeout(timeout, invocation.invoke_async::<T>(&mut connection)).await
             }
             Err(e) => Ok(Err(e)),
         };
@@ -158,7 +164,7 @@ impl Backend {
                 None
             }
             Err(_) => {
-                let why = format!("no answer within {} ms", TIMEOUT.as_millis());
+                let why = format!("no answer within {} ms", timeout.as_millis());
                 self.failed(&self.errors.timeout, &why);
                 None
             }

@@ -117,6 +117,18 @@ impl RedisServer {
         }
     }
 
+    /// Empties our server (`FLUSHALL`), as an operator's mistake or a failover to an empty
+    /// replica would. Only on a server of our own: a named one may be shared.
+    pub fn flush_all(&self) {
+        assert!(self.own.is_some(), "flush_all needs a server of our own");
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("redis answers");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"FLUSHALL\r\n").unwrap();
+        let mut reply = [0u8; 5];
+        s.read_exact(&mut reply).unwrap();
+        assert_eq!(&reply, b"+OK\r\n");
+    }
+
     /// Whether our server answers `PING` with `PONG`.
     pub fn ping(&self) -> bool {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
