@@ -221,9 +221,16 @@ fn model_of(req: &Hit) -> (Value, String) {
     (body, model)
 }
 
+/// The rate-limit headers OpenAI sends with every answer: a gateway with budgets of its own
+/// must replace them with its own.
+pub const RATE_LIMIT_HEADERS: &str = "x-ratelimit-limit-tokens: 150000000\r\n\
+    x-ratelimit-remaining-tokens: 149999000\r\nx-ratelimit-reset-tokens: 0s\r\n\
+    x-ratelimit-limit-requests: 30000\r\nx-ratelimit-remaining-requests: 29999\r\n\
+    x-ratelimit-reset-requests: 2ms\r\n";
+
 async fn write_json(conn: &mut TcpStream, req: &Hit, body: &str) -> bool {
     let coding = coding::for_request(req);
-    let extra = coding::headers(coding);
+    let extra = format!("{}{RATE_LIMIT_HEADERS}", coding::headers(coding));
     write_body(
         conn,
         "200 OK",
@@ -350,7 +357,7 @@ async fn stream(
 ) -> bool {
     let head = format!(
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
-         transfer-encoding: chunked\r\n{}\r\n",
+         transfer-encoding: chunked\r\n{}{RATE_LIMIT_HEADERS}\r\n",
         coding::headers(coding)
     );
     if conn.write_all(head.as_bytes()).await.is_err() {
