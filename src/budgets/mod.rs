@@ -7,7 +7,7 @@
 //! the record phase, replaces the reservation by what the response really used. Counters are
 //! per process (`local.rs`, seeded from the ledger) or, with `[rate_limits] redis`, shared by
 //! the fleet (`shared.rs`), falling back to per process while Redis fails. `sync.rs` keeps the
-//! table of who has which budget current: one poll of the store's changes per half second.
+//! table of who has which budget current: one poll of the store's changes every 250 ms.
 
 mod local;
 mod shared;

@@ -20,7 +20,7 @@ use crate::auth::api_keys::{BudgetChange, StoreError, Subject};
 use crate::time::unix_now;
 
 /// How often the store is asked for budget changes.
-pub const POLL: Duration = Duration::from_millis(500);
+pub const POLL: Duration = Duration::from_millis(250);
 /// Changes are read back this far before the newest one seen: a writer's clock may lag, and
 /// a change committed late with an older stamp is still picked up.
 const OVERLAP_MS: i64 = 10_000;
