@@ -29,6 +29,7 @@ pub struct Fixture {
 }
 
 /// How a fixture's gateways are configured.
+#[derive(Default)]
 pub struct Setup<'a> {
     pub database: Option<&'a str>,
     pub redis: Option<&'a str>,
@@ -36,18 +37,6 @@ pub struct Setup<'a> {
     /// TOML of `[budgets]`, after the header.
     pub budgets: &'a str,
     pub rate_limit_per_minute: Option<u64>,
-}
-
-impl Default for Setup<'_> {
-    fn default() -> Self {
-        Setup {
-            database: None,
-            redis: None,
-            admin_port: None,
-            budgets: "",
-            rate_limit_per_minute: None,
-        }
-    }
 }
 
 impl Fixture {
