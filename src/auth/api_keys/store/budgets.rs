@@ -101,3 +101,23 @@ pub struct WindowUsage {
     pub month_tokens: u64,
     pub day_requests: u64,
 }
+
+impl WindowUsage {
+    /// What each limit of a budget counts against, in `Budget::NAMES` order.
+    pub fn in_order(&self) -> [u64; 4] {
+        [
+            self.hour_tokens,
+            self.day_tokens,
+            self.month_tokens,
+            self.day_requests,
+        ]
+    }
+}
+
+impl WindowStarts {
+    /// Unix seconds when each window of `Budget::NAMES` ends (its count starts again).
+    pub fn resets(&self) -> [i64; 4] {
+        let ends = self.ends();
+        [ends.hour, ends.day, ends.month, ends.day]
+    }
+}
