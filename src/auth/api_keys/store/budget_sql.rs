@@ -5,7 +5,6 @@
 //! grouped so that any number of subjects costs a few statements.
 
 use std::collections::HashMap;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
@@ -16,13 +15,6 @@ const CHUNK: usize = 500;
 
 /// The limit columns, in `Budget::NAMES` order (the names are the column names).
 const LIMITS: &str = "tokens_per_hour, tokens_per_day, tokens_per_month, requests_per_day";
-
-/// Now, in unix milliseconds: the stamp of a budget written with a new key.
-pub(super) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
 
 /// The limits as stored: BIGINT, so at most `i64::MAX` each (the CLI and the API refuse more).
 pub(super) fn columns(b: &Budget) -> Result<[Option<i64>; 4], StoreError> {

@@ -31,7 +31,7 @@ fn budget(limits: [Option<u64>; 4]) -> Budget {
 /// Keys and owners: written, read back, stamped, cleared (keeping the stamp).
 async fn budgets_are_kept_and_stamped(store: &dyn KeyStore) {
     let day = budget([None, Some(100_000), None, Some(500)]);
-    let before = super::budget_sql::now_ms();
+    let before = crate::time::unix_now_ms();
     store.insert(&key("b1", "alice", day)).await.unwrap();
     store
         .insert(&key("b2", "alice", Budget::default()))

@@ -46,6 +46,21 @@ impl Budget {
     }
 }
 
+/// In JSON, an object of the limits that are set, keyed by `NAMES` (`{}` for none).
+impl serde::Serialize for Budget {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let set: Vec<_> = Self::NAMES.iter().zip(self.limits()).collect();
+        let mut map = s.serialize_map(Some(set.iter().filter(|(_, l)| l.is_some()).count()))?;
+        for (name, limit) in set {
+            if let Some(limit) = limit {
+                map.serialize_entry(name, &limit)?;
+            }
+        }
+        map.end()
+    }
+}
+
 /// Whom a budget is set on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Subject {

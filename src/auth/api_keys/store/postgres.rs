@@ -188,7 +188,7 @@ impl KeyStore for PgStore {
         self.ready().await?;
         let r = &key.record;
         let [hour, day, month, requests] = budget_sql::columns(&r.budget)?;
-        let stamp = (!r.budget.is_empty()).then(budget_sql::now_ms);
+        let stamp = (!r.budget.is_empty()).then(crate::time::unix_now_ms);
         let mut tx = self.pool.begin().await?;
         if let Some(owner) = &r.owner {
             // Concurrent creates for one owner (on any gateway) take turns from the count to

@@ -161,7 +161,7 @@ impl KeyStore for SqliteStore {
     async fn insert_capped(&self, key: &StoredKey, cap: u32, now: i64) -> Result<bool, StoreError> {
         let r = &key.record;
         let [hour, day, month, requests] = budget_sql::columns(&r.budget)?;
-        let stamp = (!r.budget.is_empty()).then(budget_sql::now_ms);
+        let stamp = (!r.budget.is_empty()).then(crate::time::unix_now_ms);
         // One statement: SQLite holds the write lock from the count to the insert.
         let done = sqlx::query(
             "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner,
