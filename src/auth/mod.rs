@@ -37,6 +37,9 @@ pub struct Principal {
     pub scopes: Box<[Box<str>]>,
     /// Whom usage is billed to: a key's owner (none for keys made without one), a JWT's `sub`.
     pub owner: Option<Box<str>>,
+    /// A key's budget as the store had it when the key was looked up: what a key made with a
+    /// budget is held to before the budget poller has seen it. Empty for JWTs.
+    pub budget: api_keys::Budget,
 }
 
 impl Principal {

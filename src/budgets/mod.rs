@@ -74,7 +74,9 @@ pub struct Refused {
     pub limit: u64,
 }
 
-/// Who has which budget: swapped whole when a budget changes (rarely), read lock-free.
+/// Who has which budget: swapped whole when a budget changes (rarely), read lock-free. A
+/// cleared budget stays as an empty one: it overrides the budget a cached key was looked up
+/// with.
 #[derive(Default, Clone)]
 pub struct Table {
     keys: HashMap<Box<str>, Budget>,
@@ -87,11 +89,21 @@ impl Table {
             Subject::Key(id) => (&mut self.keys, id),
             Subject::Owner(id) => (&mut self.owners, id),
         };
-        if budget.is_empty() {
-            map.remove(id.as_str());
-        } else {
-            map.insert(id.as_str().into(), budget);
-        }
+        map.insert(id.as_str().into(), budget);
+    }
+
+    /// The budgets that apply to `principal`, non-empty ones only: its key's (as the table
+    /// has it, else as the key was looked up) and its owner's.
+    fn of<'p>(&self, p: &'p Principal) -> (Option<(&'p str, Budget)>, Option<(&'p str, Budget)>) {
+        let key = p.key_id().and_then(|k| {
+            let budget = self.keys.get(k).copied().unwrap_or(p.budget);
+            (!budget.is_empty()).then_some((k, budget))
+        });
+        let owner = p.owner.as_deref().and_then(|o| {
+            let budget = self.owners.get(o).copied()?;
+            (!budget.is_empty()).then_some((o, budget))
+        });
+        (key, owner)
     }
 
     fn get(&self, subject: &Subject) -> Option<Budget> {
@@ -233,11 +245,8 @@ impl Budgets {
 
     /// Whether `principal` has a budget of its own or through its owner: two lookups.
     pub fn applies(&self, principal: &Principal) -> bool {
-        let table = self.table.load();
-        principal
-            .key_id()
-            .is_some_and(|k| table.keys.contains_key(k))
-            || (principal.owner.as_deref()).is_some_and(|o| table.owners.contains_key(o))
+        let (key, owner) = self.table.load().of(principal);
+        key.is_some() || owner.is_some()
     }
 
     /// Reserves `ask` on every limited counter of the caller's key and owner, or none.
@@ -247,14 +256,7 @@ impl Budgets {
         ask: Ask,
         now: i64,
     ) -> Result<Option<Reservation>, Refusal> {
-        let (key, owner) = {
-            let table = self.table.load();
-            let key = principal
-                .key_id()
-                .and_then(|k| Some((k, *table.keys.get(k)?)));
-            let owner = (principal.owner.as_deref()).and_then(|o| Some((o, *table.owners.get(o)?)));
-            (key, owner)
-        };
+        let (key, owner) = self.table.load().of(principal);
         if key.is_none() && owner.is_none() {
             return Ok(None);
         }

@@ -46,7 +46,9 @@ impl Budgets {
             table.set(&c.subject, c.budget);
         }
         state.newest_ms = changes.iter().map(|c| c.changed_at_ms).max().unwrap_or(0);
-        let n = table.keys.len() + table.owners.len();
+        let n = (table.keys.values().chain(table.owners.values()))
+            .filter(|b| !b.is_empty())
+            .count();
         self.table.store(Arc::new(table));
         self.seed_all(false).await?;
         Ok(n)
@@ -91,7 +93,7 @@ impl Budgets {
         let changes = self.store.budget_changes(since).await?;
         let current = self.table.load_full();
         let changed: Vec<&BudgetChange> = (changes.iter())
-            .filter(|c| current.get(&c.subject).unwrap_or_default() != c.budget)
+            .filter(|c| current.get(&c.subject) != Some(c.budget))
             .collect();
         if let Some(newest) = changes.iter().map(|c| c.changed_at_ms).max() {
             state.newest_ms = state.newest_ms.max(newest);

@@ -91,6 +91,7 @@ fn key(id: &str, owner: Option<&str>) -> Principal {
         id: id.into(),
         scopes: Box::new([]),
         owner: owner.map(Into::into),
+        budget: Default::default(),
     }
 }
 
@@ -196,6 +197,7 @@ async fn an_owner_budget_covers_its_keys_and_its_jwt_calls_and_seeds_from_the_le
         id: "alice".into(),
         scopes: Box::new([]),
         owner: Some("alice".into()),
+        budget: Default::default(),
     };
     b.reserve(&key("a1", Some("alice")), ASK, noon())
         .await
@@ -364,4 +366,21 @@ async fn gateways_sharing_redis_never_admit_past_the_budget_and_a_flush_reseeds_
         admitted += u64::from(r.is_ok());
     }
     assert_eq!(admitted, 7);
+}
+
+#[tokio::test]
+async fn a_key_made_with_a_budget_is_held_to_it_before_the_poller_sees_it_and_a_clear_wins() {
+    let store = Arc::new(Store::default());
+    let b = budgets(&store, None).await;
+    // As the key's lookup found it in the store, before any poll.
+    let caller = Principal {
+        budget: per_day(50),
+        ..key("fresh", None)
+    };
+    b.reserve(&caller, ASK, noon()).await.unwrap();
+    assert!(b.reserve(&caller, ASK, noon()).await.is_err());
+    // Cleared in the store: the poll's empty budget overrides what the lookup found.
+    store.set(Subject::Key("fresh".into()), Budget::default(), 9);
+    b.poll(&mut SyncState::default()).await;
+    assert!(b.reserve(&caller, ASK, noon()).await.unwrap().is_none());
 }

@@ -19,6 +19,7 @@ fn caller(id: &str) -> Principal {
         id: id.into(),
         scopes: Box::new([]),
         owner: None,
+        budget: Default::default(),
     }
 }
 

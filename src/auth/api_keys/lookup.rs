@@ -71,6 +71,7 @@ impl Lookup {
                     id: stored.record.key_id.into(),
                     scopes: stored.record.scopes.into_iter().map(Into::into).collect(),
                     owner: stored.record.owner.map(Into::into),
+                    budget: stored.record.budget,
                 }),
             })),
         })

@@ -261,6 +261,7 @@ impl JwtVerifier {
             scopes,
             owner: Some(sub.clone()),
             id: sub,
+            budget: Default::default(),
         };
         Ok(Verified {
             principal: Arc::new(principal),
