@@ -48,7 +48,8 @@ pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
     // Loaded before serving: the first request is decided against spent budget.
     let budgets = (config.budgets.zip(keys.as_ref()))
         .map(|(settings, (store, _))| budgets(&config, settings, store, redis.clone(), &metrics));
-    let budget_sync = budgets.as_ref().map(|b| startup.block_on(load_budgets(b)));
+    let budget_sync = (budgets.as_ref().zip(config.api_keys.as_ref()))
+        .map(|(b, keys)| startup.block_on(load_budgets(b, &keys.database)));
     // With `[dns] servers`, host names are first resolved there, now: a name that does not
     // resolve fails the start like any other config error.
     startup.block_on(resolve_with_own_dns(&mut config))?;
@@ -259,11 +260,17 @@ fn budgets(
     ))
 }
 
-/// Every budget and the counters' seeds from the ledger. A store that does not answer now
-/// delays budgets (warned), never the start: the poller loads them once it answers.
-async fn load_budgets(budgets: &Arc<Budgets>) -> BudgetSync {
+/// Every budget and the counters' seeds from the ledger, through connections of this
+/// start-up runtime's own (the serving store's pool must not keep connections of a runtime
+/// that is about to go). A store that does not answer now delays budgets (warned), never the
+/// start: the poller loads them once it answers.
+async fn load_budgets(budgets: &Arc<Budgets>, database: &str) -> BudgetSync {
     let mut state = SyncState::default();
-    match budgets.load(&mut state).await {
+    let loaded = match open_store(database, true).await {
+        Ok(store) => budgets.load(&*store, &mut state).await,
+        Err(e) => Err(e),
+    };
+    match loaded {
         Ok(n) => log::info!("budgets: {n} key and owner budget(s) loaded, seeded from the ledger"),
         Err(e) => log::warn!(
             "budgets: cannot load budgets from the key store ({e}); they apply once it answers"

@@ -32,8 +32,9 @@ use shared::{Counter, Reply, Shared};
 pub use sync::{BudgetSync, SyncState};
 use window::{Kind, Windows};
 
-/// The longest a request waits on the ledger to seed a shared counter that went missing.
-const SEED_TIMEOUT: Duration = Duration::from_millis(500);
+/// The longest a request waits on the ledger to seed a shared counter that went missing (once
+/// per subject and window, or after Redis lost its data); past it, this process's own count.
+const SEED_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Whose counter: an API key, or an owner (a key's owner or a JWT `sub`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

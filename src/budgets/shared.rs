@@ -83,10 +83,11 @@ end
 return 0
 "#;
 
-/// The longest a budget call waits on Redis before the process decides alone: longer than
-/// a rate limit's, since a budget decided alone may let a fleet overshoot; Redis on a
-/// healthy network answers in well under a millisecond.
-const TIMEOUT: Duration = Duration::from_millis(250);
+/// The longest a budget call waits on Redis before the process decides alone. Far longer
+/// than a rate limit's 50 ms: a budget decided alone can let a fleet overshoot, so a slow
+/// answer is worth waiting for; a Redis that refuses connections is known at once, and one
+/// that is down is asked by one request a second.
+const TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Counters outlive their window by this much, so a late refund still finds its counter.
 const GRACE: i64 = 3600;

@@ -16,7 +16,7 @@ use pingora::services::background::BackgroundService;
 use super::shared::{counter_key, expiry};
 use super::window::{Kind, Windows};
 use super::{Budgets, Table, Who};
-use crate::auth::api_keys::{BudgetChange, StoreError, Subject};
+use crate::auth::api_keys::{BudgetChange, KeyStore, StoreError, Subject};
 use crate::time::unix_now;
 
 /// How often the store is asked for budget changes.
@@ -39,8 +39,12 @@ pub struct SyncState {
 impl Budgets {
     /// Loads every budget and seeds this process's counters from the ledger. Called before
     /// serving, so the first request is already decided against spent budget.
-    pub async fn load(&self, state: &mut SyncState) -> Result<usize, StoreError> {
-        let changes = self.store.budget_changes(0).await?;
+    pub async fn load(
+        &self,
+        store: &dyn KeyStore,
+        state: &mut SyncState,
+    ) -> Result<usize, StoreError> {
+        let changes = store.budget_changes(0).await?;
         let mut table = Table::default();
         for c in &changes {
             table.set(&c.subject, c.budget);
@@ -50,7 +54,7 @@ impl Budgets {
             .filter(|b| !b.is_empty())
             .count();
         self.table.store(Arc::new(table));
-        self.seed_all(false).await?;
+        self.seed_all(store, false).await?;
         Ok(n)
     }
 
@@ -62,10 +66,10 @@ impl Budgets {
                 let backend = shared.backend();
                 if backend.recoveries() != state.recoveries {
                     state.recoveries = backend.recoveries();
-                    self.seed_all(true).await
+                    self.seed_all(&*self.store, true).await
                 } else if backend.is_down() && state.reseeded.is_none_or(|t| t.elapsed() > RESEED) {
                     state.reseeded = Some(Instant::now());
-                    self.seed_all(false).await
+                    self.seed_all(&*self.store, false).await
                 } else {
                     Ok(())
                 }
@@ -118,9 +122,9 @@ impl Budgets {
 
     /// Raises every budgeted subject's counters to the ledger's values: this process's, and
     /// with `shared` Redis's too.
-    async fn seed_all(&self, shared: bool) -> Result<(), StoreError> {
+    async fn seed_all(&self, store: &dyn KeyStore, shared: bool) -> Result<(), StoreError> {
         let windows = Windows::at(unix_now());
-        let usage = self.store.all_window_usage(windows.starts).await?;
+        let usage = store.all_window_usage(windows.starts).await?;
         let table = self.table.load_full();
         let mut keys = Vec::new();
         let mut floors = Vec::new();

@@ -110,7 +110,7 @@ async fn budgets(store: &Arc<Store>, redis: Option<Arc<Backend>>) -> Budgets {
         &Metrics::new(),
         &["infer"],
     );
-    b.load(&mut SyncState::default()).await.unwrap();
+    b.load(&**store, &mut SyncState::default()).await.unwrap();
     b
 }
 

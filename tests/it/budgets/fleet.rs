@@ -70,6 +70,16 @@ async fn two_hundred_concurrent_streams_on_four_gateways_never_pass_a_key_budget
     let (admitted, refused) = tokio::task::block_in_place(|| storm(&fleet, &tokens));
     let (used, requests) = tokio::task::block_in_place(|| ledger_of(&fleet[0], &id));
     eprintln!("admitted {admitted}, refused {refused}, ledger {used} tokens");
+    for gw in &fleet {
+        let warnings: Vec<String> = (gw.log().lines())
+            .filter(|l| l.contains("WARN"))
+            .map(str::to_string)
+            .collect();
+        eprintln!(
+            "redis errors {}: {warnings:?}",
+            metric(gw, "portcullis_rate_limit_backend_errors_total")
+        );
+    }
     assert!(
         used <= BUDGET,
         "{used} tokens admitted past a budget of {BUDGET}"
