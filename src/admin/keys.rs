@@ -195,12 +195,17 @@ impl Ops<'_> {
 
     /// `PATCH /v1/keys/{id}` with `{"budget": {…} | null}`: the key's whole budget replaced
     /// (`null` or `{}`: none), within the caller's own budget unless it is an administrator.
-    /// Answers the key as listed.
+    /// Answers the key as listed. A revoked key is gone as far as changes go (`404`, as any
+    /// resource after its `DELETE`), though listed until its retention ends.
     pub async fn set_budget(&self, id: &str, body: &[u8]) -> (Reply, Option<KeyEvent>) {
         let (key_id, mut record) = match self.own_key(id).await {
             Ok(found) => found,
             Err(reply) => return (reply, None),
         };
+        if record.revoked_at.is_some() {
+            let message = "the key is revoked: its budget no longer changes";
+            return (Reply::error(404, "not_found", Some(message)), None);
+        }
         let budget = match budgets::budget_body(body) {
             Ok(budget) => budget,
             Err(message) => return (bad_request(&message), None),

@@ -130,6 +130,11 @@ pub async fn set_key(
         .map_err(|e| format!("cannot read the key: {e}"))?
         .ok_or_else(|| format!("no key with id {key_id}"))?
         .record;
+    if record.revoked_at.is_some() {
+        return Err(format!(
+            "key {key_id} is revoked: its budget no longer changes"
+        ));
+    }
     let budget = wanted(flags, clear, record.budget)?;
     let set = store.set_key_budget(key_id, &budget, unix_now_ms()).await;
     match set {

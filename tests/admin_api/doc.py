@@ -59,8 +59,9 @@ def doc_checks(res):
     def operations():
         ops = sorted(f"{m.upper()} {p}" for p, item in doc["paths"].items() for m in item
                      if m in ("get", "put", "post", "delete", "patch", "head", "options", "trace"))
-        expect_eq(ops, ["DELETE /v1/keys/{id}", "GET /openapi.json", "GET /v1/keys", "GET /v1/usage",
-                        "POST /v1/keys"], "operations")
+        expect_eq(ops, ["DELETE /v1/keys/{id}", "GET /openapi.json", "GET /v1/keys", "GET /v1/owners/{sub}/budget",
+                        "GET /v1/usage", "PATCH /v1/keys/{id}", "POST /v1/keys", "PUT /v1/owners/{sub}/budget"],
+                  "operations")
         for p, item in doc["paths"].items():
             for m, op in item.items():
                 secured = op.get("security") == [{"bearer": []}]
@@ -68,7 +69,7 @@ def doc_checks(res):
                 if p.startswith("/v1/"):
                     expect("401" in op["responses"] and "403" in op["responses"], f"{m} {p}: 401/403 undocumented")
         return ", ".join(ops)
-    res.check("[doc] exactly the five operations, bearer security on /v1/ only", operations)
+    res.check("[doc] exactly the eight operations, bearer security on /v1/ only", operations)
 
     def patterns():
         n = 0
@@ -98,6 +99,10 @@ def doc_checks(res):
                "group_by refuses a grouping")
         expect(not any(group_by.search(s) for s in ("user", "day,", ",day", "day,,key", "DAY", " day")),
                "group_by accepts a bad grouping")
+        owner = re.compile(doc["paths"]["/v1/owners/{sub}/budget"]["get"]["parameters"][0]["schema"]["pattern"])
+        expect(all(owner.search(s) for s in ("alice", "auth0|x/y", "é", "a b")), "the owner pattern refuses an owner")
+        expect(not any(owner.search(s) for s in ("", "a\nb", "a\x7f", "a\x85")),
+               "the owner pattern accepts a control character")
         return f"{n} patterns"
     res.check("[doc] every pattern compiles and says what the listener accepts", patterns)
 

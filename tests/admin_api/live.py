@@ -1,6 +1,7 @@
 """Hand-written checks against a live admin listener: what a single-token fuzzer cannot see
 (the 401 against the data plane's, byte for byte; API keys refused; owners apart; the key
-limit under concurrent creates; the list in pages; the 429 over requests_per_minute). Used by
+limit under concurrent creates; the list in pages; budgets of keys and owners; the 429 over
+requests_per_minute). Used by
 tests/admin_api/run.py, which starts the listener."""
 import base64
 import json
@@ -347,6 +348,117 @@ def usage(res, gw, doc, token):
         return f"{sum(row['requests'] for row in rows)} request(s) of {sub!r}"
     res.check("[live] GET /v1/usage shows the caller's own data-plane calls; bad parameters → 400, another owner → 403",
               report)
+
+
+def budgets(res, gw, doc, token):
+    """Budgets a non-admin caller manages: its own keys' (POST and PATCH, each response a
+    documented shape), its own owner budget read but never set, another owner's refused, and
+    every malformed budget refused with a 400 naming the member."""
+    sub = jwt_claims(token)["sub"]
+    own = gw.admin + f"/v1/owners/{requests.utils.quote(sub, safe='')}/budget"
+
+    def keys():
+        before = gw.metric("portcullis_key_events_total", {"event": "budget"})
+        r = requests.post(gw.admin + "/v1/keys", headers=bearer(token), timeout=HTTP_TIMEOUT,
+                          json={"name": "budgeted", "scopes": ["infer"], "budget": {"tokens_per_day": 1000}})
+        expect_eq(r.status_code, 201, f"create with a budget ({r.text[:200]!r})")
+        validate_against(doc, "#/components/schemas/Key", r.json(), "201 body")
+        expect_eq(r.json()["budget"], {"tokens_per_day": 1000}, "budget of the new key")
+        key_id = r.json()["id"]
+        path = gw.admin + f"/v1/keys/{key_id}"
+        try:
+            r = requests.patch(path, headers=bearer(token), timeout=HTTP_TIMEOUT,
+                               json={"budget": {"tokens_per_hour": 50, "requests_per_day": 10}})
+            expect_eq(r.status_code, 200, f"PATCH ({r.text[:200]!r})")
+            validate_against(doc, "#/components/schemas/KeyInfo", r.json(), "PATCH 200 body")
+            expect_eq((r.json()["budget"], r.json()["used"]),
+                      ({"tokens_per_hour": 50, "requests_per_day": 10}, {"tokens_per_hour": 0, "requests_per_day": 0}),
+                      "budget and used after PATCH")
+            r = requests.get(gw.admin + "/v1/keys", headers=bearer(token), timeout=HTTP_TIMEOUT)
+            validate_against(doc, "#/components/schemas/KeyList", r.json(), "list")
+            listed = [k for k in r.json()["keys"] if k["id"] == key_id]
+            expect(listed and listed[0]["budget"] == {"tokens_per_hour": 50, "requests_per_day": 10},
+                   f"the listing's budget: {listed}")
+            for body, member in (({"budget": {"tokens_per_week": 1}}, "tokens_per_week"),
+                                 ({"budget": {"tokens_per_day": -1}}, "budget.tokens_per_day"),
+                                 ({"budget": {"tokens_per_day": "5"}}, "budget.tokens_per_day"),
+                                 ({"budget": [1]}, "budget"), ({}, "budget")):
+                r = requests.patch(path, headers=bearer(token), timeout=HTTP_TIMEOUT, json=body)
+                expect_eq(r.status_code, 400, f"PATCH {body}")
+                validate_against(doc, "#/components/schemas/Error", r.json(), f"PATCH {body}: body")
+                expect(member in r.json().get("message", ""), f"PATCH {body}: message {r.json()}")
+            r = requests.patch(path, headers={**bearer(token), "content-type": "application/json"},
+                               timeout=HTTP_TIMEOUT, data=b'{"budget":{"tokens_per_day":1,"tokens_per_day":2}}')
+            expect_eq((r.status_code, r.json().get("message")), (400, "budget.tokens_per_day is given twice"),
+                      "a member given twice")
+            r = requests.patch(path, headers=bearer(token), timeout=HTTP_TIMEOUT, json={"budget": None})
+            expect_eq((r.status_code, r.json()["budget"], r.json()["used"]), (200, None, None), "PATCH null")
+            r = requests.patch(gw.admin + "/v1/keys/ffffffffffffffff", headers=bearer(token),
+                               timeout=HTTP_TIMEOUT, json={"budget": None})
+            expect_eq((r.status_code, r.json()), (404, {"error": "not_found"}), "PATCH of an unknown id")
+        finally:
+            requests.delete(path, headers=bearer(token), timeout=HTTP_TIMEOUT)
+        r = requests.patch(path, headers=bearer(token), timeout=HTTP_TIMEOUT, json={"budget": None})
+        expect_eq((r.status_code, r.json().get("error")), (404, "not_found"), "PATCH of a revoked key")
+        after = gw.metric("portcullis_key_events_total", {"event": "budget"})
+        expect_eq(after - before, 2.0, "portcullis_key_events_total{event=\"budget\"} increase")
+        return f"key {key_id}: created with a budget, set, refused 6 bad bodies, cleared"
+    res.check("[live] POST /v1/keys with a budget → 201; PATCH /v1/keys/{id} → 200, bad budgets → 400 naming "
+              "the member, unknown or revoked id → 404", keys)
+
+    def owners():
+        r = requests.get(own, headers=bearer(token), timeout=HTTP_TIMEOUT)
+        expect_eq(r.status_code, 200, f"GET own budget ({r.text[:200]!r})")
+        validate_against(doc, "#/components/schemas/OwnerBudget", r.json(), "own budget")
+        mine = r.json()["budget"]
+        r = requests.get(gw.admin + "/v1/owners/someone-else/budget", headers=bearer(token), timeout=HTTP_TIMEOUT)
+        expect_eq((r.status_code, r.json().get("error")), (403, "forbidden"), "GET another owner's budget")
+        r = requests.put(own, headers=bearer(token), timeout=HTTP_TIMEOUT, json={"budget": {"tokens_per_day": 1}})
+        expect_eq((r.status_code, r.json().get("error")), (403, "forbidden"), "PUT own budget as a non-admin")
+        validate_against(doc, "#/components/schemas/Error", r.json(), "403 body")
+        return f"{sub!r}'s budget: {mine}"
+    res.check("[live] GET /v1/owners/{own sub}/budget → 200; another owner's → 403; PUT as a non-admin → 403",
+              owners)
+
+
+def budgets_admin(res, gw, doc, token, admin):
+    """What an administrator does to another owner's budgets: sets the owner's, after which the
+    owner cannot give a key more; sets the owner's key above it itself; clears it again."""
+    sub = jwt_claims(token)["sub"]
+    own = gw.admin + f"/v1/owners/{requests.utils.quote(sub, safe='')}/budget"
+
+    def capped():
+        r = requests.put(own, headers=bearer(admin), timeout=HTTP_TIMEOUT, json={"budget": {"tokens_per_day": 1000}})
+        expect_eq(r.status_code, 200, f"admin PUT ({r.text[:200]!r})")
+        validate_against(doc, "#/components/schemas/OwnerBudget", r.json(), "PUT 200 body")
+        key_id = None
+        try:
+            r = requests.get(own, headers=bearer(token), timeout=HTTP_TIMEOUT)
+            expect_eq(r.json()["budget"], {"tokens_per_day": 1000}, "the owner reads its budget")
+            r = requests.post(gw.admin + "/v1/keys", headers=bearer(token), timeout=HTTP_TIMEOUT,
+                              json={"name": "over", "scopes": ["infer"], "budget": {"tokens_per_day": 1001}})
+            expect_eq(r.status_code, 403, f"create above the owner's budget ({r.text[:200]!r})")
+            expect("tokens_per_day" in r.json().get("message", ""), f"message {r.json()}")
+            r = requests.post(gw.admin + "/v1/keys", headers=bearer(token), timeout=HTTP_TIMEOUT,
+                              json={"name": "within", "scopes": ["infer"], "budget": {"tokens_per_day": 1000}})
+            expect_eq(r.status_code, 201, f"create within the owner's budget ({r.text[:200]!r})")
+            key_id = r.json()["id"]
+            path = gw.admin + f"/v1/keys/{key_id}"
+            r = requests.patch(path, headers=bearer(token), timeout=HTTP_TIMEOUT,
+                               json={"budget": {"tokens_per_day": 2000}})
+            expect_eq(r.status_code, 403, "the owner raising its key above its budget")
+            r = requests.patch(path, headers=bearer(admin), timeout=HTTP_TIMEOUT,
+                               json={"budget": {"tokens_per_day": 2000}})
+            expect_eq((r.status_code, r.json().get("budget")), (200, {"tokens_per_day": 2000}),
+                      "the administrator raising it")
+        finally:
+            if key_id:
+                requests.delete(gw.admin + f"/v1/keys/{key_id}", headers=bearer(token), timeout=HTTP_TIMEOUT)
+            r = requests.put(own, headers=bearer(admin), timeout=HTTP_TIMEOUT, json={"budget": None})
+        expect_eq((r.status_code, r.json()["budget"]), (200, None), "admin clearing it")
+        return f"owner {sub!r} capped at 1000 tokens a day, then cleared"
+    res.check("[live] admin PUT /v1/owners/{sub}/budget; the owner's keys stay within it (403 above), the admin "
+              "may set more", capped)
 
 
 def rate_limited(res, gw, doc, token):

@@ -10,8 +10,9 @@
    data plane's (status, WWW-Authenticate, content type, body; on the wire, the header lines in
    order), that an API key is refused with 403, one create / list / revoke round trip that the
    data plane honours, what one owner may do to another's keys, that concurrent creates
-   cannot pass max_keys_per_owner, that the list pages walk every key once, and that the
-   usage report shows the caller's own data-plane calls.
+   cannot pass max_keys_per_owner, that the list pages walk every key once, that the
+   usage report shows the caller's own data-plane calls, and that key and owner budgets are
+   set, read and refused as documented.
 3. Runs schemathesis (every built-in check, see schemathesis.toml) against the live
    /openapi.json: once with a client_credentials token (scopes `infer embed`, not an admin),
    once with an admin's token from the provider's login flow (`admin`, console client) when
@@ -50,9 +51,9 @@ from harness import (  # noqa: E402  (tests/harness.py)
     CheckFailed, Child, Results, expect, expect_eq, finish, free_port, tail)
 from doc import DOC_PATH, doc_checks  # noqa: E402  (the document on its own)
 from live import (  # noqa: E402  (hand-written checks of the live listener)
-    HTTP_TIMEOUT, LIMITED_REQUESTS_PER_MINUTE, MAX_KEYS_PER_OWNER, OTHER_AUDIENCE, api_key_refused,
-    jwt_claims, owners_apart, pages, rate_limited, round_trip, served_document, unauthorized_on_the_wire,
-    unauthorized_parity, usage)
+    HTTP_TIMEOUT, LIMITED_REQUESTS_PER_MINUTE, MAX_KEYS_PER_OWNER, OTHER_AUDIENCE, api_key_refused, budgets,
+    budgets_admin, jwt_claims, owners_apart, pages, rate_limited, round_trip, served_document,
+    unauthorized_on_the_wire, unauthorized_parity, usage)
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 IDP = os.path.join(ROOT, "tests", "sdk", "idp.mjs")
@@ -290,6 +291,7 @@ def main():
         round_trip(res, gw, doc, cc)
         pages(res, gw, doc, cc)
         usage(res, gw, doc, cc)
+        budgets(res, gw, doc, cc)
         schemathesis(res, gw, cc, "client_credentials token (infer embed, not admin)", tmp,
                      args.max_examples, seed, args.doc_file)
         if idp.has_admin_login:
@@ -302,6 +304,7 @@ def main():
                 return f"sub {jwt_claims(admin['token'])['sub']!r}"
             if res.check(f"[idp] login `admin` gets a token with {ADMIN_SCOPE}", login):
                 owners_apart(res, gw, doc, cc, admin["token"])  # before the fuzzer fills admin's quota
+                budgets_admin(res, gw, doc, cc, admin["token"])
                 schemathesis(res, gw, admin["token"], f"admin token ({ADMIN_SCOPE})", tmp,
                              args.max_examples, seed, args.doc_file)
         else:

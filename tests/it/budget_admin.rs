@@ -284,6 +284,12 @@ async fn the_cli_sets_shows_and_clears_key_and_owner_budgets() {
         &["keys", "budget", "nope", "--clear"],
         "is not a key id",
     );
+    tokio::task::block_in_place(|| f.gw.revoke(&plain_id));
+    refused(
+        &f,
+        &["keys", "budget", &plain_id, "--tokens-per-day", "5"],
+        "is revoked",
+    );
     refused(
         &f,
         &["keys", "budget", &id, "--tokens-per-day", "1.5"],
@@ -587,6 +593,16 @@ async fn api_budgets(f: &Fixture) {
         );
     }
 
+    // A revoked key's budget no longer changes: 404, as after any DELETE.
+    let plain_path = format!("/v1/keys/{}", plain["id"].as_str().unwrap());
+    assert_eq!(f.call("DELETE", &plain_path, &alice, None).0, 204);
+    let (status, err) = f.json("PATCH", &plain_path, &alice, json!({"budget": null}));
+    assert_eq!(
+        (status, err["error"].as_str()),
+        (404, Some("not_found")),
+        "{err}"
+    );
+
     // Bad bodies: 400 naming the member.
     for (method, target, body, message) in [
         (
@@ -784,13 +800,20 @@ async fn budgets_on_a_postgres_store() {
     api_budgets(&f).await;
     // The CLI on the same database: a key's budget set there shows in the API's listing.
     let admin = f.token("root", "portcullis:admin");
+    let active = |list: &Value| -> Value {
+        let keys = list["keys"].as_array().unwrap();
+        keys.iter()
+            .find(|k| k["revoked"].is_null())
+            .unwrap()
+            .clone()
+    };
     let (_, list) = f.get("/v1/keys?owner=alice", &admin);
-    let id = list["keys"][0]["id"].as_str().unwrap().to_string();
+    let id = active(&list)["id"].as_str().unwrap().to_string();
     let (ok, out, err) = f.cli(&["keys", "budget", &id, "--tokens-per-hour", "123"]);
     assert!(ok, "{err}");
     assert_eq!(window(&table(&out), "tokens_per_hour").0, "123");
     let (_, list) = f.get("/v1/keys?owner=alice", &admin);
-    assert_eq!(list["keys"][0]["budget"], json!({"tokens_per_hour": 123}));
+    assert_eq!(active(&list)["budget"], json!({"tokens_per_hour": 123}));
     let (ok, out, _) = f.cli(&["owners", "budget", "alice", "--requests-per-day", "9"]);
     assert!(ok, "{out}");
     assert_eq!(
