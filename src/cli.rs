@@ -1,13 +1,16 @@
-//! The command line (docs/reference.md): `serve`, `keys create|list|revoke` and `usage`.
+//! The command line (docs/reference.md): `serve`, `keys create|list|revoke|budget`,
+//! `owners budget` and `usage`.
 
+mod budgets;
 mod usage;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 use crate::access_log::{KeyEventFields, Record};
-use crate::auth::api_keys::{self, KeyRecord};
+use crate::auth::api_keys::{self, Budget, KeyRecord};
 use crate::config::Config;
 use crate::server::{self, ServeOptions};
 use crate::time::{parse_lifetime, rfc3339, unix_now};
@@ -44,6 +47,11 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Manage owners (JWT `sub`s) in the configured key store: their budgets.
+    Owners {
+        #[command(subcommand)]
+        command: budgets::OwnersCommand,
+    },
     /// Print the usage ledger's totals from the key store, one row per line.
     Usage {
         #[arg(long)]
@@ -79,8 +87,11 @@ pub enum KeysCommand {
         /// Who the key is for: the console user's `sub`, so it shows in their key list.
         #[arg(long)]
         owner: Option<String>,
+        #[command(flatten)]
+        budget: budgets::BudgetFlags,
     },
-    /// List keys: id, name, scopes, owner, created, expires, revoked. Never a secret.
+    /// List keys: id, name, scopes, owner, created, expires, revoked, budget and what is left
+    /// of it. Never a secret.
     List {
         #[arg(long)]
         config: PathBuf,
@@ -90,6 +101,18 @@ pub enum KeysCommand {
         #[arg(long)]
         config: PathBuf,
         key_id: String,
+    },
+    /// Set or clear a key's budget (the limits given are set, the others kept). Prints the
+    /// budget, what is used and when each window resets.
+    Budget {
+        #[arg(long)]
+        config: PathBuf,
+        key_id: String,
+        #[command(flatten)]
+        flags: budgets::BudgetFlags,
+        /// Remove the whole budget.
+        #[arg(long)]
+        clear: bool,
     },
 }
 
@@ -116,6 +139,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
             server::serve(config, ServeOptions { daemon, upgrade })
         }
         Command::Keys { command } => keys(command),
+        Command::Owners { command } => budgets::owners(command),
         Command::Usage {
             config,
             from,
@@ -129,7 +153,8 @@ fn keys(command: KeysCommand) -> Result<(), String> {
     let config_path = match &command {
         KeysCommand::Create { config, .. }
         | KeysCommand::List { config }
-        | KeysCommand::Revoke { config, .. } => config.clone(),
+        | KeysCommand::Revoke { config, .. }
+        | KeysCommand::Budget { config, .. } => config.clone(),
     };
     let settings = Config::key_store_from_file(&config_path).map_err(|e| e.summary())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -146,6 +171,7 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                 scopes,
                 expires_in,
                 owner,
+                budget,
                 ..
             } => {
                 let scopes = validate_scopes(scopes)?;
@@ -162,12 +188,13 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                     .map(|s| parse_lifetime(&s, unix_now()))
                     .transpose()
                     .map_err(|e| format!("--expires-in: {e}"))?;
+                let budget = budget.apply(Budget::default())?;
                 let spec = api_keys::KeySpec {
                     name,
                     scopes,
                     expires_in,
                     owner,
-                    budget: Default::default(),
+                    budget,
                 };
                 let key = api_keys::create_owned_key(&*store, spec, None)
                     .await
@@ -178,7 +205,14 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                 println!("owner:   {}", key.record.owner.as_deref().unwrap_or("-"));
                 println!("scopes:  {}", key.record.scopes.join(","));
                 println!("expires: {}", time_or(key.record.expires_at, "never"));
-                record_event(&config_path, "created", &key.record.key_id);
+                println!("budget:  {}", budgets::one_word(&budget));
+                record_event(
+                    &config_path,
+                    KeyEventFields {
+                        budget: (!budget.is_empty()).then_some(Some(budget)),
+                        ..KeyEventFields::key("created", &key.record.key_id)
+                    },
+                );
                 println!("The key below is shown once; store it now.");
                 println!("{}", key.token);
                 Ok(())
@@ -188,7 +222,8 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                     .list()
                     .await
                     .map_err(|e| format!("cannot list keys: {e}"))?;
-                print_keys(&keys);
+                let budgets = budgets::list_columns(&*store, &keys).await?;
+                print_keys(&keys, &budgets);
                 Ok(())
             }
             KeysCommand::Revoke { key_id, .. } => {
@@ -199,7 +234,7 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                 }
                 match store.revoke(&key_id, unix_now()).await {
                     Ok(true) => {
-                        record_event(&config_path, "revoked", &key_id);
+                        record_event(&config_path, KeyEventFields::key("revoked", &key_id));
                         println!("revoked {key_id}");
                         Ok(())
                     }
@@ -207,14 +242,21 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                     Err(e) => Err(format!("cannot revoke: {e}")),
                 }
             }
+            KeysCommand::Budget {
+                key_id,
+                flags,
+                clear,
+                ..
+            } => budgets::set_key(&*store, &config_path, &key_id, &flags, clear).await,
         }
     })
 }
 
-/// Appends a create or revoke to the access-log file the config names, like the key API's
-/// lines (`service: "_cli"`, the key id, never a secret), so every key event is on record.
-/// One `write` of one line to a file opened for appending, so it never splits a gateway's line.
-fn record_event(config: &std::path::Path, event: &'static str, key_id: &str) {
+/// Appends a create, revoke or budget change to the access-log file the config names, like
+/// the key API's lines (`service: "_cli"`, the key id or owner, never a secret), so every key
+/// event is on record. One `write` of one line to a file opened for appending, so it never
+/// splits a gateway's line.
+fn record_event(config: &std::path::Path, event: KeyEventFields<'_>) {
     use std::io::Write;
     let Some(path) = Config::access_log_file_from(config) else {
         return;
@@ -230,10 +272,7 @@ fn record_event(config: &std::path::Path, event: &'static str, key_id: &str) {
         principal_id: user.as_deref(),
         http: None,
         proxied: None,
-        key_event: Some(KeyEventFields {
-            key_event: event,
-            key_id,
-        }),
+        key_event: Some(event),
     }
     .to_line();
     let written = std::fs::OpenOptions::new()
@@ -255,22 +294,41 @@ fn validate_scopes(scopes: Vec<String>) -> Result<Vec<String>, String> {
     Ok(scopes)
 }
 
-fn print_keys(keys: &[KeyRecord]) {
-    println!(
-        "{:<16}  {:<20}  {:<24}  {:<20}  {:<20}  {:<20}  {:<20}",
-        "KEY ID", "NAME", "SCOPES", "OWNER", "CREATED", "EXPIRES", "REVOKED"
-    );
-    for k in keys {
-        println!(
-            "{:<16}  {:<20}  {:<24}  {:<20}  {:<20}  {:<20}  {:<20}",
-            k.key_id,
-            k.name,
-            k.scopes.join(","),
-            k.owner.as_deref().unwrap_or("-"),
-            time_or(Some(k.created_at), "-"),
-            time_or(k.expires_at, "never"),
-            time_or(k.revoked_at, "-"),
+/// One key a line; BUDGET and LEFT (each one word, `-` for none: see `budgets::one_word`)
+/// come last, so the columns before them keep their places.
+fn print_keys(keys: &[KeyRecord], budgets: &HashMap<String, (String, String)>) {
+    let none = ("-".to_string(), "-".to_string());
+    let width = keys
+        .iter()
+        .filter_map(|k| budgets.get(&k.key_id))
+        .map(|(b, _)| b.len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    let line = |cells: [&str; 9]| {
+        let [id, name, scopes, owner, created, expires, revoked, budget, left] = cells;
+        let row = format!(
+            "{id:<16}  {name:<20}  {scopes:<24}  {owner:<20}  {created:<20}  {expires:<20}  \
+             {revoked:<20}  {budget:<width$}  {left}"
         );
+        println!("{}", row.trim_end());
+    };
+    line([
+        "KEY ID", "NAME", "SCOPES", "OWNER", "CREATED", "EXPIRES", "REVOKED", "BUDGET", "LEFT",
+    ]);
+    for k in keys {
+        let (budget, left) = budgets.get(&k.key_id).unwrap_or(&none);
+        line([
+            &k.key_id,
+            &k.name,
+            &k.scopes.join(","),
+            k.owner.as_deref().unwrap_or("-"),
+            &time_or(Some(k.created_at), "-"),
+            &time_or(k.expires_at, "never"),
+            &time_or(k.revoked_at, "-"),
+            budget,
+            left,
+        ]);
     }
 }
 

@@ -150,13 +150,13 @@ impl Metrics {
         let key_events = IntCounterVec::new(
             Opts::new(
                 "portcullis_key_events_total",
-                "API keys created and revoked through this gateway's key API, by event (created, revoked).",
+                "API keys created and revoked, and budgets set or cleared, through this gateway's key API, by event (created, revoked, budget).",
             ),
             &["event"],
         )
         .expect("valid metric");
         // Present at 0 from start-up, so a rate() over them is defined before the first event.
-        for event in ["created", "revoked"] {
+        for event in ["created", "revoked", "budget"] {
             key_events.with_label_values(&[event]);
         }
         let upstream_healthy = IntGaugeVec::new(
@@ -389,7 +389,7 @@ impl Metrics {
             .with_label_values(&[service, replica])
     }
 
-    /// `created` or `revoked`, counted by the key API.
+    /// `created`, `revoked` or `budget`, counted by the key API.
     pub fn key_event(&self, event: &'static str) {
         self.key_events.with_label_values(&[event]).inc();
     }

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::auth::api_keys::Budget;
+
 /// Longest path logged; longer ones are cut (on a character boundary) so one request cannot
 /// write a megabyte line.
 const MAX_PATH: usize = 2048;
@@ -72,12 +74,33 @@ pub struct ProxiedFields<'a> {
     pub replica: Option<&'a str>,
 }
 
-/// A key created or revoked, through the key API or the CLI.
+/// A key created or revoked, or a budget changed, through the key API or the CLI.
 #[derive(Serialize)]
 pub struct KeyEventFields<'a> {
-    /// `created` or `revoked`.
+    /// `created`, `revoked` or `budget`.
     pub key_event: &'static str,
-    pub key_id: &'a str,
+    /// The key concerned; left out of an owner's budget change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<&'a str>,
+    /// The owner whose budget changed; only on an owner's budget change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_owner: Option<&'a str>,
+    /// On a budget change, and a key created with a budget: the limits now set, `null` once
+    /// cleared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Option<Budget>>,
+}
+
+impl<'a> KeyEventFields<'a> {
+    /// A key created or revoked, or its budget changed.
+    pub fn key(key_event: &'static str, key_id: &'a str) -> KeyEventFields<'a> {
+        KeyEventFields {
+            key_event,
+            key_id: Some(key_id),
+            budget_owner: None,
+            budget: None,
+        }
+    }
 }
 
 impl Record<'_> {
@@ -158,10 +181,7 @@ mod tests {
             principal_id: None,
             http: None,
             proxied: None,
-            key_event: Some(KeyEventFields {
-                key_event: "revoked",
-                key_id: "k",
-            }),
+            key_event: Some(KeyEventFields::key("revoked", "k")),
         }
         .to_line();
         let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
@@ -180,5 +200,42 @@ mod tests {
         got.sort();
         assert_eq!(got, want);
         assert!(v["principal_id"].is_null());
+    }
+
+    #[test]
+    fn budget_events_name_the_key_or_the_owner_and_the_budget_or_null() {
+        let line = |fields: KeyEventFields| {
+            let line = Record {
+                time: "t".into(),
+                request_id: "r",
+                service: "_admin",
+                principal_kind: Some("jwt"),
+                principal_id: Some("root"),
+                http: None,
+                proxied: None,
+                key_event: Some(fields),
+            }
+            .to_line();
+            serde_json::from_slice::<serde_json::Value>(&line).unwrap()
+        };
+        let budget = Budget::from_limits([None, Some(100), None, Some(5)]);
+        let v = line(KeyEventFields {
+            budget: Some(Some(budget)),
+            ..KeyEventFields::key("budget", "k")
+        });
+        assert_eq!(v["key_id"], "k");
+        assert_eq!(
+            v["budget"],
+            serde_json::json!({"tokens_per_day": 100, "requests_per_day": 5})
+        );
+        assert!(v.get("budget_owner").is_none());
+        let v = line(KeyEventFields {
+            key_event: "budget",
+            key_id: None,
+            budget_owner: Some("alice"),
+            budget: Some(None),
+        });
+        assert_eq!(v["budget_owner"], "alice");
+        assert!(v["budget"].is_null() && v.get("key_id").is_none(), "{v}");
     }
 }

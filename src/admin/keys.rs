@@ -1,18 +1,22 @@
-//! The key operations: create, list, revoke, for the caller's own keys (every key with the
-//! admin scope). Bodies and answers are the shapes docs/console-and-key-api.md gives.
+//! The key operations: create, list, revoke and set a budget, for the caller's own keys (every
+//! key with the admin scope). Bodies and answers are the shapes docs/console-and-key-api.md
+//! gives.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::budgets::{self, budget_json, key_used_json};
 use super::paging::{cursor, ListQuery};
-use super::reply::Reply;
+use super::reply::{store_failed, Reply};
 use super::KeyEvent;
-use crate::auth::api_keys::{create_owned_key, KeyEvictor, KeyRecord, KeySpec, KeyStore, PageEnd};
+use crate::auth::api_keys::{
+    create_owned_key, KeyEvictor, KeyRecord, KeySpec, KeyStore, PageEnd, WindowStarts, WindowUsage,
+};
 use crate::auth::token::KeyId;
 use crate::auth::Principal;
 use crate::scope::Scope;
 use crate::time::rfc3339;
-use crate::time::{parse_lifetime, unix_now};
+use crate::time::{parse_lifetime, unix_now, unix_now_ms};
 
 /// Longest key name, in characters: it is a label for people, shown in lists.
 const MAX_NAME_CHARS: usize = 64;
@@ -37,10 +41,15 @@ struct KeyInfo<'a> {
     created: String,
     expires: Option<String>,
     revoked: Option<String>,
+    /// The limits set, `null` for none.
+    budget: Value,
+    /// The current windows' use, for the windows the budget limits; `null` without one.
+    used: Value,
 }
 
 impl<'a> KeyInfo<'a> {
-    fn of(r: &'a KeyRecord) -> KeyInfo<'a> {
+    /// `used`: the ledger's sums of the key in the current windows (none: nothing used).
+    fn of(r: &'a KeyRecord, used: Option<&WindowUsage>) -> KeyInfo<'a> {
         KeyInfo {
             id: &r.key_id,
             name: &r.name,
@@ -49,6 +58,8 @@ impl<'a> KeyInfo<'a> {
             created: rfc3339(r.created_at),
             expires: r.expires_at.map(rfc3339),
             revoked: r.revoked_at.map(rfc3339),
+            budget: budget_json(&r.budget),
+            used: key_used_json(&r.budget, used.unwrap_or(&WindowUsage::default())),
         }
     }
 }
@@ -63,21 +74,11 @@ struct Created<'a> {
     owner: Option<&'a str>,
     created: String,
     expires: Option<String>,
+    budget: Value,
 }
 
 fn bad_request(message: &str) -> Reply {
     Reply::error(400, "bad_request", Some(message))
-}
-
-/// The store failed: the client may retry; the cause goes to the log only.
-pub(super) fn store_failed(what: &str, e: &dyn std::fmt::Display) -> Reply {
-    log::warn!("admin: cannot {what}: {e}");
-    Reply::error(
-        503,
-        "unavailable",
-        Some("the key store is unavailable; try again shortly"),
-    )
-    .header("retry-after", "1")
 }
 
 impl Ops<'_> {
@@ -91,6 +92,10 @@ impl Ops<'_> {
                 let message = format!("scope {s:?} is not one of your own scopes");
                 return (Reply::error(403, "forbidden", Some(&message)), None);
             }
+        }
+        let rule = budgets::check_owner_rule(self.store, self.caller, self.is_admin, &spec.budget);
+        if let Some(refused) = rule.await {
+            return (refused, None);
         }
         let spec = KeySpec {
             owner: Some(self.caller.id.to_string()),
@@ -116,11 +121,12 @@ impl Ops<'_> {
             owner: r.owner.as_deref(),
             created: rfc3339(r.created_at),
             expires: r.expires_at.map(rfc3339),
+            budget: budget_json(&r.budget),
         })
         .unwrap_or_default();
         let event = KeyEvent {
-            event: "created",
-            key_id: r.key_id.clone(),
+            budget: (!r.budget.is_empty()).then_some(Some(r.budget)),
+            ..KeyEvent::key("created", r.key_id.clone())
         };
         (Reply::json(201, body), Some(event))
     }
@@ -152,34 +158,96 @@ impl Ops<'_> {
             keys.truncate(q.limit as usize);
             keys.last().map(|k| cursor(&PageEnd::of(k)))
         });
-        let keys: Vec<KeyInfo> = keys.iter().map(KeyInfo::of).collect();
+        // The ledger's sums of the page's budgeted keys, in a few statements for all of them.
+        let budgeted: Vec<String> = keys
+            .iter()
+            .filter(|k| !k.budget.is_empty())
+            .map(|k| k.key_id.clone())
+            .collect();
+        let starts = WindowStarts::at(unix_now());
+        let used = match self.store.keys_window_usage(&budgeted, starts).await {
+            Ok(used) => used,
+            Err(e) => return store_failed("read the keys' usage", &e),
+        };
+        let keys: Vec<KeyInfo> = keys
+            .iter()
+            .map(|k| KeyInfo::of(k, used.get(&k.key_id)))
+            .collect();
         let body = serde_json::json!({ "keys": keys, "next": next.flatten() });
         Reply::json(200, serde_json::to_vec(&body).unwrap_or_default())
     }
 
-    pub async fn revoke(&self, id: &str) -> (Reply, Option<KeyEvent>) {
+    /// The key `id` names, when the caller may manage it; the reply to send otherwise.
+    /// Another owner's key is "not found", so ids cannot be probed.
+    async fn own_key(&self, id: &str) -> Result<(KeyId, KeyRecord), Reply> {
         let not_found = || Reply::error(404, "not_found", None);
-        let Some(key_id) = KeyId::parse(id) else {
-            return (not_found(), None);
-        };
+        let key_id = KeyId::parse(id).ok_or_else(not_found)?;
         let record = match self.store.find(key_id.as_str()).await {
             Ok(Some(stored)) => stored.record,
-            Ok(None) => return (not_found(), None),
-            Err(e) => return (store_failed("find a key", &e), None),
+            Ok(None) => return Err(not_found()),
+            Err(e) => return Err(store_failed("find a key", &e)),
         };
-        // Another owner's key is "not found", so ids cannot be probed.
         if !self.is_admin && record.owner.as_deref() != Some(&*self.caller.id) {
-            return (not_found(), None);
+            return Err(not_found());
         }
+        Ok((key_id, record))
+    }
+
+    /// `PATCH /v1/keys/{id}` with `{"budget": {…} | null}`: the key's whole budget replaced
+    /// (`null` or `{}`: none), within the caller's own budget unless it is an administrator.
+    /// Answers the key as listed.
+    pub async fn set_budget(&self, id: &str, body: &[u8]) -> (Reply, Option<KeyEvent>) {
+        let (key_id, mut record) = match self.own_key(id).await {
+            Ok(found) => found,
+            Err(reply) => return (reply, None),
+        };
+        let budget = match budgets::budget_body(body) {
+            Ok(budget) => budget,
+            Err(message) => return (bad_request(&message), None),
+        };
+        let rule = budgets::check_owner_rule(self.store, self.caller, self.is_admin, &budget);
+        if let Some(refused) = rule.await {
+            return (refused, None);
+        }
+        match self
+            .store
+            .set_key_budget(key_id.as_str(), &budget, unix_now_ms())
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => return (Reply::error(404, "not_found", None), None),
+            Err(e) => return (store_failed("set a key's budget", &e), None),
+        }
+        record.budget = budget;
+        let event = KeyEvent {
+            budget: Some((!budget.is_empty()).then_some(budget)),
+            ..KeyEvent::key("budget", record.key_id.clone())
+        };
+        let starts = WindowStarts::at(unix_now());
+        let ids = [record.key_id.clone()];
+        let used = match self.store.keys_window_usage(&ids, starts).await {
+            Ok(used) => used,
+            Err(e) => return (store_failed("read a key's usage", &e), Some(event)),
+        };
+        let info = KeyInfo::of(&record, used.get(&record.key_id));
+        let body = serde_json::to_vec(&info).unwrap_or_default();
+        (Reply::json(200, body), Some(event))
+    }
+
+    pub async fn revoke(&self, id: &str) -> (Reply, Option<KeyEvent>) {
+        let (key_id, record) = match self.own_key(id).await {
+            Ok(found) => found,
+            Err(reply) => return (reply, None),
+        };
         if let Err(e) = self.store.revoke(key_id.as_str(), unix_now()).await {
             return (store_failed("revoke a key", &e), None);
         }
         self.evictor.evict(key_id).await;
         // Idempotent: a second revoke answers 204 too, but only the first is an event.
-        let event = record.revoked_at.is_none().then_some(KeyEvent {
-            event: "revoked",
-            key_id: record.key_id,
-        });
+        let event = record
+            .revoked_at
+            .is_none()
+            .then(|| KeyEvent::key("revoked", record.key_id));
         (Reply::no_content(), event)
     }
 }
@@ -201,14 +269,16 @@ fn parse_create(body: &[u8]) -> Result<KeySpec, String> {
         Some(Value::String(s)) => Some(lifetime(&s)?),
         Some(_) => return Err("expires_in must be a string such as \"90d\"".into()),
     };
+    fields.remove("budget");
+    let budget = budgets::budget_member(body)?.unwrap_or_default();
     if !fields.is_empty() {
-        return Err("unknown field: only name, scopes and expires_in are accepted".into());
+        return Err("unknown field: only name, scopes, expires_in and budget are accepted".into());
     }
     Ok(KeySpec {
         name,
         scopes,
         expires_in,
-        budget: Default::default(),
+        budget,
         owner: None,
     })
 }
@@ -270,6 +340,11 @@ mod tests {
         assert_eq!(ok.expires_in.unwrap().as_secs(), 90 * 86_400);
         let no_expiry = parse_create(br#"{"name":"ci","scopes":["infer"],"expires_in":null}"#);
         assert!(no_expiry.unwrap().expires_in.is_none());
+        let budgeted =
+            parse_create(br#"{"name":"ci","scopes":["infer"],"budget":{"tokens_per_day":9}}"#);
+        assert_eq!(budgeted.unwrap().budget.tokens_per_day, Some(9));
+        let none = parse_create(br#"{"name":"ci","scopes":["infer"],"budget":null}"#);
+        assert!(none.unwrap().budget.is_empty());
         for (body, message) in [
             (&b"not json"[..], "the body must be a JSON object"),
             (br#"[1]"#, "the body must be a JSON object"),
@@ -307,6 +382,10 @@ mod tests {
             (
                 br#"{"name":"a","scopes":["x"],"owner":"b"}"#,
                 "unknown field",
+            ),
+            (
+                br#"{"name":"a","scopes":["x"],"budget":{"tokens_per_day":-5}}"#,
+                "budget.tokens_per_day must be a whole number",
             ),
         ] {
             let got = parse_create(body).err().unwrap_or_default();

@@ -1,8 +1,10 @@
 //! The key-management API for the console, on its own listener (`[admin]`), and the reference
 //! console page. One request, top to bottom: route → CORS preflight → authenticate (JWTs only)
-//! → rate limit per `sub` → the key operation or usage report (`usage`) → CORS and common headers → record (access
-//! log, metrics). `retention` deletes keys revoked long ago, in the background.
+//! → rate limit per `sub` → the key operation, budget (`budgets`) or usage report (`usage`) →
+//! CORS and common headers → record (access log, metrics). `retention` deletes keys revoked
+//! long ago, in the background.
 
+mod budgets;
 mod console;
 mod cors;
 mod keys;
@@ -22,7 +24,7 @@ use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 
 use crate::access_log::AccessLog;
-use crate::auth::api_keys::{KeyEvictor, KeyStore};
+use crate::auth::api_keys::{Budget, KeyEvictor, KeyStore};
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::token::{self, Bearer, ShapeError};
 use crate::auth::{AuthFailure, Principal};
@@ -74,14 +76,34 @@ enum Route<'a> {
     ConsoleRoot,
     Keys,
     Key(&'a str),
+    /// `/v1/owners/{sub}/budget`, the `sub` as sent (percent-encoded).
+    OwnerBudget(&'a str),
     Usage,
     NotFound,
 }
 
-/// What the request did to a key, for the access log.
+/// What the request did to a key or a budget, for the access log and
+/// `portcullis_key_events_total`.
 pub struct KeyEvent {
+    /// `created`, `revoked` or `budget`.
     pub event: &'static str,
-    pub key_id: String,
+    /// The key concerned; none for an owner's budget.
+    pub key_id: Option<String>,
+    /// The owner whose budget changed.
+    pub budget_owner: Option<String>,
+    /// On a budget change and a create with a budget: the budget now set (`Some(None)`: none).
+    pub budget: Option<Option<Budget>>,
+}
+
+impl KeyEvent {
+    fn key(event: &'static str, key_id: String) -> KeyEvent {
+        KeyEvent {
+            event,
+            key_id: Some(key_id),
+            budget_owner: None,
+            budget: None,
+        }
+    }
 }
 
 impl AdminApp {
@@ -111,6 +133,12 @@ impl AdminApp {
                 if let Some(id) = path.strip_prefix("/v1/keys/") {
                     return Route::Key(id);
                 }
+                let owner = path
+                    .strip_prefix("/v1/owners/")
+                    .and_then(|rest| rest.strip_suffix("/budget"));
+                if let Some(owner) = owner.filter(|o| !o.contains('/')) {
+                    return Route::OwnerBudget(owner);
+                }
                 match (&self.console, path) {
                     (Some(_), "/console") => Route::ConsoleRoot,
                     (Some(_), _) => {
@@ -126,7 +154,8 @@ impl AdminApp {
     fn allowed(route: Route<'_>) -> &'static str {
         match route {
             Route::Keys => "GET, POST, OPTIONS",
-            Route::Key(_) => "DELETE, OPTIONS",
+            Route::Key(_) => "DELETE, PATCH, OPTIONS",
+            Route::OwnerBudget(_) => "GET, PUT, OPTIONS",
             Route::Usage => "GET, OPTIONS",
             _ => "GET, HEAD",
         }
@@ -157,7 +186,7 @@ impl AdminApp {
             Route::OpenApi | Route::ConsoleRoot | Route::Console(_) => {
                 return Reply::method_not_allowed(Self::allowed(route));
             }
-            Route::Keys | Route::Key(_) | Route::Usage => {}
+            Route::Keys | Route::Key(_) | Route::OwnerBudget(_) | Route::Usage => {}
         }
         if method == Method::OPTIONS {
             return cors::preflight(
@@ -169,7 +198,8 @@ impl AdminApp {
         let allowed = match route {
             Route::Keys => method == Method::GET || method == Method::POST,
             Route::Usage => method == Method::GET,
-            _ => method == Method::DELETE,
+            Route::OwnerBudget(_) => method == Method::GET || method == Method::PUT,
+            _ => method == Method::DELETE || method == Method::PATCH,
         };
         if !allowed {
             return Reply::method_not_allowed(Self::allowed(route));
@@ -192,15 +222,16 @@ impl AdminApp {
         if let Err(retry_after) = self.limiter.check(&caller) {
             return Reply::rate_limited(retry_after);
         }
+        let is_admin = self.is_admin(&caller);
         if route == Route::Usage {
             let query = session.req_header().uri.query();
-            return usage::report(&*self.store, &caller, self.is_admin(&caller), query).await;
+            return usage::report(&*self.store, &caller, is_admin, query).await;
         }
         let ops = keys::Ops {
             store: &*self.store,
             evictor: &self.evictor,
             caller: &caller,
-            is_admin: self.is_admin(&caller),
+            is_admin,
             max_keys_per_owner: self.settings.max_keys_per_owner,
         };
         let (reply, happened) = match route {
@@ -209,7 +240,21 @@ impl AdminApp {
                 Err(reply) => (reply, None),
             },
             Route::Keys => (ops.list(session.req_header().uri.query()).await, None),
+            Route::Key(id) if method == Method::PATCH => match reply::read_body(session).await {
+                Ok(body) => ops.set_budget(id, &body).await,
+                Err(reply) => (reply, None),
+            },
             Route::Key(id) => ops.revoke(id).await,
+            Route::OwnerBudget(owner) if method == Method::PUT => {
+                match reply::read_body(session).await {
+                    Ok(body) => budgets::put_owner(&*self.store, is_admin, owner, &body).await,
+                    Err(reply) => (reply, None),
+                }
+            }
+            Route::OwnerBudget(owner) => (
+                budgets::get_owner(&*self.store, &caller, is_admin, owner).await,
+                None,
+            ),
             _ => unreachable!("other routes answered above"),
         };
         if let Some(e) = &happened {

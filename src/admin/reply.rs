@@ -139,6 +139,17 @@ impl Reply {
     }
 }
 
+/// The store failed: the client may retry; the cause goes to the log only.
+pub fn store_failed(what: &str, e: &dyn std::fmt::Display) -> Reply {
+    log::warn!("admin: cannot {what}: {e}");
+    Reply::error(
+        503,
+        "unavailable",
+        Some("the key store is unavailable; try again shortly"),
+    )
+    .header("retry-after", "1")
+}
+
 /// The whole request body, at most `MAX_BODY` bytes; a reply to send instead otherwise.
 pub async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
     let too_large = || {
@@ -213,7 +224,9 @@ pub fn log_line(
         proxied: None,
         key_event: event.map(|e| KeyEventFields {
             key_event: e.event,
-            key_id: e.key_id.as_str(),
+            key_id: e.key_id.as_deref(),
+            budget_owner: e.budget_owner.as_deref(),
+            budget: e.budget,
         }),
     }
     .to_line()

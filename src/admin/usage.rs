@@ -4,8 +4,7 @@
 
 use serde::Serialize;
 
-use super::keys::store_failed;
-use super::reply::Reply;
+use super::reply::{store_failed, Reply};
 use crate::auth::api_keys::{KeyStore, UsageTotal};
 use crate::auth::Principal;
 use crate::metering::query::from_query_string;

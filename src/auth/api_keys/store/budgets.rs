@@ -46,6 +46,21 @@ impl Budget {
     }
 }
 
+/// In JSON, an object of the limits that are set, keyed by `NAMES` (`{}` for none).
+impl serde::Serialize for Budget {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let set: Vec<_> = Self::NAMES.iter().zip(self.limits()).collect();
+        let mut map = s.serialize_map(Some(set.iter().filter(|(_, l)| l.is_some()).count()))?;
+        for (name, limit) in set {
+            if let Some(limit) = limit {
+                map.serialize_entry(name, &limit)?;
+            }
+        }
+        map.end()
+    }
+}
+
 /// Whom a budget is set on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Subject {
@@ -100,4 +115,24 @@ pub struct WindowUsage {
     pub day_tokens: u64,
     pub month_tokens: u64,
     pub day_requests: u64,
+}
+
+impl WindowUsage {
+    /// What each limit of a budget counts against, in `Budget::NAMES` order.
+    pub fn in_order(&self) -> [u64; 4] {
+        [
+            self.hour_tokens,
+            self.day_tokens,
+            self.month_tokens,
+            self.day_requests,
+        ]
+    }
+}
+
+impl WindowStarts {
+    /// Unix seconds when each window of `Budget::NAMES` ends (its count starts again).
+    pub fn resets(&self) -> [i64; 4] {
+        let ends = self.ends();
+        [ends.hour, ends.day, ends.month, ends.day]
+    }
 }

@@ -4,11 +4,13 @@
 //! deleted only once it has been revoked for `[admin] revoked_retention_days` (the access log
 //! keeps the audit trail of its creation and revocation).
 
+mod budget_sql;
 mod budgets;
 mod postgres;
 mod sqlite;
 mod usage;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -183,6 +185,24 @@ pub trait KeyStore: Send + Sync {
     ) -> Result<WindowUsage, StoreError> {
         Ok(WindowUsage::default())
     }
+    /// The ledger's totals in the windows starting at `starts` for each of `key_ids` (a page
+    /// of a key listing), keys without usage in the month left out. The stores read them in a
+    /// few grouped statements whatever their number; this default (one key at a time) is for
+    /// test stores.
+    async fn keys_window_usage(
+        &self,
+        key_ids: &[String],
+        starts: WindowStarts,
+    ) -> Result<HashMap<String, WindowUsage>, StoreError> {
+        let mut out = HashMap::new();
+        for id in key_ids {
+            let used = self.window_usage(&Subject::Key(id.clone()), starts).await?;
+            if used != WindowUsage::default() {
+                out.insert(id.clone(), used);
+            }
+        }
+        Ok(out)
+    }
     /// The ledger's totals in the windows starting at `starts`, for every key and every
     /// owner with usage in the month (owner `''` and key `''` left out).
     async fn all_window_usage(
@@ -292,6 +312,13 @@ const MIGRATIONS: &[Migration] = &[
         sqlite: usage::MIGRATION,
         postgres: usage::MIGRATION,
     },
+    // Budgets (`budget_sql.rs`): limits on keys (columns of `api_keys`, stamped when changed)
+    // and on owners (`owner_budgets`), and an index for one key's days of the ledger.
+    Migration {
+        version: 5,
+        sqlite: budget_sql::MIGRATION_SQLITE,
+        postgres: budget_sql::MIGRATION_POSTGRES,
+    },
 ];
 
 /// Where both stores record the steps they applied.
@@ -323,7 +350,7 @@ where
         expires_at: row.try_get("expires_at")?,
         revoked_at: row.try_get("revoked_at")?,
         owner: row.try_get("owner")?,
-        budget: Budget::default(),
+        budget: budget_sql::budget_of(row)?,
     })
 }
 
@@ -345,5 +372,7 @@ where
     })
 }
 
+#[cfg(test)]
+mod budget_tests;
 #[cfg(test)]
 mod tests;

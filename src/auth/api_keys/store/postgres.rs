@@ -5,6 +5,7 @@
 //! A revoke notifies `CHANNEL` in the same transaction (delivered on commit), which every
 //! gateway LISTENs to (see `api_keys/push.rs`).
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -13,10 +14,11 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
-use super::usage;
+use super::{budget_sql, usage};
 use super::{
-    newer_than_known, page_sql, purge_sql, record, stored, KeyRecord, KeyStore, PageEnd,
-    StoreError, StoredKey, UsageQuery, UsageRow, UsageTotal, MIGRATIONS, MIGRATIONS_TABLE,
+    newer_than_known, page_sql, purge_sql, record, stored, Budget, BudgetChange, KeyRecord,
+    KeyStore, PageEnd, StoreError, StoredKey, Subject, UsageQuery, UsageRow, UsageTotal,
+    WindowStarts, WindowUsage, MIGRATIONS, MIGRATIONS_TABLE,
 };
 
 /// The NOTIFY channel a revoke is announced on; the payload is the key id.
@@ -185,6 +187,8 @@ impl KeyStore for PgStore {
     async fn insert_capped(&self, key: &StoredKey, cap: u32, now: i64) -> Result<bool, StoreError> {
         self.ready().await?;
         let r = &key.record;
+        let [hour, day, month, requests] = budget_sql::columns(&r.budget)?;
+        let stamp = (!r.budget.is_empty()).then(crate::time::unix_now_ms);
         let mut tx = self.pool.begin().await?;
         if let Some(owner) = &r.owner {
             // Concurrent creates for one owner (on any gateway) take turns from the count to
@@ -196,8 +200,10 @@ impl KeyStore for PgStore {
                 .await?;
         }
         let done = sqlx::query(
-            "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner)
-             SELECT $1, $2, $3, $4, $5, $6, $7
+            "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner,
+                 tokens_per_hour, tokens_per_day, tokens_per_month, requests_per_day,
+                 budget_changed_at)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $10, $11, $12, $13, $14
              WHERE $7::text IS NULL OR (SELECT count(*) FROM api_keys WHERE owner = $7
                  AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $8)) < $9",
         )
@@ -210,6 +216,11 @@ impl KeyStore for PgStore {
         .bind(&r.owner)
         .bind(now)
         .bind(cap as i64)
+        .bind(hour)
+        .bind(day)
+        .bind(month)
+        .bind(requests)
+        .bind(stamp)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -299,5 +310,65 @@ impl KeyStore for PgStore {
     async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
         self.ready().await?;
         usage::report(&self.pool, q, true).await
+    }
+
+    async fn set_key_budget(
+        &self,
+        key_id: &str,
+        budget: &Budget,
+        at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        self.ready().await?;
+        budget_sql::set_key(&self.pool, key_id, budget, at_ms, '$').await
+    }
+
+    async fn owner_budget(&self, owner: &str) -> Result<Option<Budget>, StoreError> {
+        self.ready().await?;
+        budget_sql::owner_budget(&self.pool, owner, '$').await
+    }
+
+    async fn set_owner_budget(
+        &self,
+        owner: &str,
+        budget: &Budget,
+        at_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.ready().await?;
+        budget_sql::set_owner(&self.pool, owner, budget, at_ms, '$').await
+    }
+
+    async fn budget_changes(&self, since_ms: i64) -> Result<Vec<BudgetChange>, StoreError> {
+        self.ready().await?;
+        budget_sql::changes(&self.pool, since_ms, '$').await
+    }
+
+    async fn window_usage(
+        &self,
+        subject: &Subject,
+        starts: WindowStarts,
+    ) -> Result<WindowUsage, StoreError> {
+        self.ready().await?;
+        let (column, id) = budget_sql::column_of(subject);
+        let mut used =
+            budget_sql::window_usage(&self.pool, column, Some(&[id]), starts, '$').await?;
+        Ok(used.remove(id).unwrap_or_default())
+    }
+
+    async fn keys_window_usage(
+        &self,
+        key_ids: &[String],
+        starts: WindowStarts,
+    ) -> Result<HashMap<String, WindowUsage>, StoreError> {
+        self.ready().await?;
+        let ids: Vec<&str> = key_ids.iter().map(String::as_str).collect();
+        budget_sql::window_usage(&self.pool, "key_id", Some(&ids), starts, '$').await
+    }
+
+    async fn all_window_usage(
+        &self,
+        starts: WindowStarts,
+    ) -> Result<Vec<(Subject, WindowUsage)>, StoreError> {
+        self.ready().await?;
+        budget_sql::all_window_usage(&self.pool, starts, '$').await
     }
 }

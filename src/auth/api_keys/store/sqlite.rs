@@ -1,5 +1,6 @@
 //! The one-host key store: a SQLite file, opened private to the gateway's user.
 
+use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -10,10 +11,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
-use super::usage;
+use super::{budget_sql, usage};
 use super::{
-    newer_than_known, page_sql, purge_sql, record, stored, KeyRecord, KeyStore, PageEnd,
-    StoreError, StoredKey, UsageQuery, UsageRow, UsageTotal, MIGRATIONS, MIGRATIONS_TABLE,
+    newer_than_known, page_sql, purge_sql, record, stored, Budget, BudgetChange, KeyRecord,
+    KeyStore, PageEnd, StoreError, StoredKey, Subject, UsageQuery, UsageRow, UsageTotal,
+    WindowStarts, WindowUsage, MIGRATIONS, MIGRATIONS_TABLE,
 };
 
 /// Brings a database to the current schema inside one `BEGIN IMMEDIATE` transaction, so two
@@ -158,10 +160,14 @@ impl KeyStore for SqliteStore {
 
     async fn insert_capped(&self, key: &StoredKey, cap: u32, now: i64) -> Result<bool, StoreError> {
         let r = &key.record;
+        let [hour, day, month, requests] = budget_sql::columns(&r.budget)?;
+        let stamp = (!r.budget.is_empty()).then(crate::time::unix_now_ms);
         // One statement: SQLite holds the write lock from the count to the insert.
         let done = sqlx::query(
-            "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner)
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7
+            "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner,
+                 tokens_per_hour, tokens_per_day, tokens_per_month, requests_per_day,
+                 budget_changed_at)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?11, ?12, ?13, ?14
              WHERE ?7 IS NULL OR (SELECT count(*) FROM api_keys WHERE owner = ?7
                  AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?8)) < ?9",
         )
@@ -174,6 +180,11 @@ impl KeyStore for SqliteStore {
         .bind(&r.owner)
         .bind(now)
         .bind(cap as i64)
+        .bind(hour)
+        .bind(day)
+        .bind(month)
+        .bind(requests)
+        .bind(stamp)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
@@ -239,5 +250,58 @@ impl KeyStore for SqliteStore {
 
     async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
         usage::report(&self.pool, q, false).await
+    }
+
+    async fn set_key_budget(
+        &self,
+        key_id: &str,
+        budget: &Budget,
+        at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        budget_sql::set_key(&self.pool, key_id, budget, at_ms, '?').await
+    }
+
+    async fn owner_budget(&self, owner: &str) -> Result<Option<Budget>, StoreError> {
+        budget_sql::owner_budget(&self.pool, owner, '?').await
+    }
+
+    async fn set_owner_budget(
+        &self,
+        owner: &str,
+        budget: &Budget,
+        at_ms: i64,
+    ) -> Result<(), StoreError> {
+        budget_sql::set_owner(&self.pool, owner, budget, at_ms, '?').await
+    }
+
+    async fn budget_changes(&self, since_ms: i64) -> Result<Vec<BudgetChange>, StoreError> {
+        budget_sql::changes(&self.pool, since_ms, '?').await
+    }
+
+    async fn window_usage(
+        &self,
+        subject: &Subject,
+        starts: WindowStarts,
+    ) -> Result<WindowUsage, StoreError> {
+        let (column, id) = budget_sql::column_of(subject);
+        let mut used =
+            budget_sql::window_usage(&self.pool, column, Some(&[id]), starts, '?').await?;
+        Ok(used.remove(id).unwrap_or_default())
+    }
+
+    async fn keys_window_usage(
+        &self,
+        key_ids: &[String],
+        starts: WindowStarts,
+    ) -> Result<HashMap<String, WindowUsage>, StoreError> {
+        let ids: Vec<&str> = key_ids.iter().map(String::as_str).collect();
+        budget_sql::window_usage(&self.pool, "key_id", Some(&ids), starts, '?').await
+    }
+
+    async fn all_window_usage(
+        &self,
+        starts: WindowStarts,
+    ) -> Result<Vec<(Subject, WindowUsage)>, StoreError> {
+        budget_sql::all_window_usage(&self.pool, starts, '?').await
     }
 }

@@ -1,0 +1,511 @@
+//! Budgets on the key API: the `budget` member of a create and of `PATCH /v1/keys/{id}` (read
+//! strictly: only the four names, each once, each a whole number), the rule that an owner's key
+//! never goes above the owner's own budget, the JSON of budgets, their use and their resets,
+//! and `GET`/`PUT /v1/owners/{sub}/budget`.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::reply::{store_failed, Reply};
+use super::KeyEvent;
+use crate::auth::api_keys::{Budget, KeyStore, Subject, WindowStarts, WindowUsage};
+use crate::auth::Principal;
+use crate::time::{rfc3339, unix_now, unix_now_ms};
+
+/// The `budget` member of a request body: absent (`None`), or the budget it sets (empty for
+/// `null` or `{}`: no budget), or the message of a 400 naming what is wrong. Duplicate members
+/// are refused, which a parse into `serde_json::Value` would hide (it keeps the last).
+pub fn budget_member(body: &[u8]) -> Result<Option<Budget>, String> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    match de.deserialize_map(Member) {
+        Ok(found) => found,
+        // The caller has checked that the body is one JSON object.
+        Err(_) => Err("the body must be a JSON object".into()),
+    }
+}
+
+/// Walks the body's members, reading `budget` and passing over the others.
+struct Member;
+
+impl<'de> Visitor<'de> for Member {
+    type Value = Result<Option<Budget>, String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found: Option<Result<Budget, String>> = None;
+        while let Some(name) = map.next_key::<Cow<str>>()? {
+            if name != "budget" {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            let Limits(read) = map.next_value()?;
+            if found.is_some() {
+                found = Some(Err("budget is given twice".into()));
+            } else {
+                found = Some(read);
+            }
+        }
+        Ok(found.transpose())
+    }
+}
+
+/// A budget object or `null`, read whole whatever it holds; the first problem is kept.
+struct Limits(Result<Budget, String>);
+
+const NOT_AN_OBJECT: &str =
+    "budget must be an object of limits (tokens_per_hour, tokens_per_day, tokens_per_month, \
+     requests_per_day) or null";
+
+impl<'de> Deserialize<'de> for Limits {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Limits, D::Error> {
+        d.deserialize_any(LimitsVisitor)
+    }
+}
+
+struct LimitsVisitor;
+
+impl LimitsVisitor {
+    fn wrong<E>(self) -> Result<Limits, E> {
+        Ok(Limits(Err(NOT_AN_OBJECT.into())))
+    }
+}
+
+impl<'de> Visitor<'de> for LimitsVisitor {
+    type Value = Limits;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(NOT_AN_OBJECT)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Limits, E> {
+        Ok(Limits(Ok(Budget::default())))
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Limits, E> {
+        self.visit_unit()
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Limits, E> {
+        self.wrong()
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Limits, E> {
+        self.wrong()
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Limits, E> {
+        self.wrong()
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Limits, E> {
+        self.wrong()
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Limits, E> {
+        self.wrong()
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Limits, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        self.wrong()
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Limits, A::Error> {
+        let mut limits = [None; 4];
+        let mut seen = [false; 4];
+        let mut problem: Option<String> = None;
+        while let Some(name) = map.next_key::<Cow<str>>()? {
+            let Some(i) = Budget::NAMES.iter().position(|n| *n == name) else {
+                map.next_value::<IgnoredAny>()?;
+                problem.get_or_insert_with(|| unknown_member(&name));
+                continue;
+            };
+            let value: Value = map.next_value()?;
+            let limit = value.as_u64().filter(|&n| n <= i64::MAX as u64);
+            let name = Budget::NAMES[i];
+            match (seen[i], limit) {
+                (true, _) => {
+                    problem.get_or_insert_with(|| format!("budget.{name} is given twice"));
+                }
+                (false, None) => {
+                    problem.get_or_insert_with(|| {
+                        format!(
+                            "budget.{name} must be a whole number from 0 to {}",
+                            i64::MAX
+                        )
+                    });
+                }
+                (false, Some(n)) => limits[i] = Some(n),
+            }
+            seen[i] = true;
+        }
+        Ok(Limits(match problem {
+            Some(problem) => Err(problem),
+            None => Ok(Budget::from_limits(limits)),
+        }))
+    }
+}
+
+/// Names the member, cut short: it is whatever the client sent.
+fn unknown_member(name: &str) -> String {
+    let shown: String = name.chars().take(64).collect();
+    format!(
+        "budget has an unknown member {shown:?}: only tokens_per_hour, tokens_per_day, \
+         tokens_per_month and requests_per_day are accepted"
+    )
+}
+
+/// An owner may give its keys any budget within its own: in every window where the owner has
+/// a limit, the key's limit must be absent or at most that. The message of the 403 otherwise,
+/// naming the first window over it.
+pub fn beyond_owner(key: &Budget, owner: Option<&Budget>) -> Option<String> {
+    let owner = owner?;
+    Budget::NAMES
+        .iter()
+        .zip(key.limits().into_iter().zip(owner.limits()))
+        .find_map(|(name, limits)| match limits {
+            (Some(k), Some(o)) if k > o => Some(format!(
+                "budget.{name} {k} is above your own budget's {name} ({o}); \
+                 only an administrator may set it higher"
+            )),
+            _ => None,
+        })
+}
+
+/// Refuses a key budget an owner may not set (`None` when it may: an administrator, or within
+/// the caller's own budget), reading the caller's budget only when the key has one.
+pub async fn check_owner_rule(
+    store: &dyn KeyStore,
+    caller: &Principal,
+    is_admin: bool,
+    budget: &Budget,
+) -> Option<Reply> {
+    if is_admin || budget.is_empty() {
+        return None;
+    }
+    match store.owner_budget(&caller.id).await {
+        Ok(own) => beyond_owner(budget, own.as_ref())
+            .map(|message| Reply::error(403, "forbidden", Some(&message))),
+        Err(e) => Some(store_failed("read an owner's budget", &e)),
+    }
+}
+
+/// A budget as the API shows it: an object of the limits set, `null` for none.
+pub fn budget_json(budget: &Budget) -> Value {
+    if budget.is_empty() {
+        Value::Null
+    } else {
+        serde_json::to_value(budget).unwrap_or(Value::Null)
+    }
+}
+
+/// A key's `used`: for each window its budget limits, the current window's use; `null`
+/// without a budget.
+pub fn key_used_json(budget: &Budget, used: &WindowUsage) -> Value {
+    if budget.is_empty() {
+        return Value::Null;
+    }
+    let fields: Map<String, Value> = Budget::NAMES
+        .iter()
+        .zip(budget.limits().into_iter().zip(used.in_order()))
+        .filter(|(_, (limit, _))| limit.is_some())
+        .map(|(name, (_, n))| (name.to_string(), json!(n)))
+        .collect();
+    Value::Object(fields)
+}
+
+/// `{"budget", "used", "resets"}` of an owner: `used` and `resets` name all four windows.
+fn owner_json(budget: &Budget, used: &WindowUsage, starts: WindowStarts) -> Value {
+    let mut used_json = Map::new();
+    let mut resets = Map::new();
+    for ((name, n), at) in Budget::NAMES
+        .iter()
+        .zip(used.in_order())
+        .zip(starts.resets())
+    {
+        used_json.insert(name.to_string(), json!(n));
+        resets.insert(name.to_string(), json!(rfc3339(at)));
+    }
+    json!({"budget": budget_json(budget), "used": used_json, "resets": resets})
+}
+
+/// The `{sub}` of `/v1/owners/{sub}/budget`, percent-decoded: non-empty printable text, or the
+/// message of a 400.
+pub fn owner_in_path(raw: &str) -> Result<String, &'static str> {
+    const BAD: &str = "the owner in the path must be non-empty printable text, percent-encoded";
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
+            let byte = hex
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or(BAD)?;
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    let owner = String::from_utf8(out).map_err(|_| BAD)?;
+    if owner.is_empty() || owner.chars().any(char::is_control) {
+        return Err(BAD);
+    }
+    Ok(owner)
+}
+
+/// `GET /v1/owners/{sub}/budget`: the caller's own, or anyone's for an administrator.
+pub async fn get_owner(
+    store: &dyn KeyStore,
+    caller: &Principal,
+    is_admin: bool,
+    raw_owner: &str,
+) -> Reply {
+    let owner = match owner_in_path(raw_owner) {
+        Ok(owner) => owner,
+        Err(message) => return Reply::error(400, "bad_request", Some(message)),
+    };
+    if !is_admin && owner != *caller.id {
+        return Reply::error(
+            403,
+            "forbidden",
+            Some("only an administrator may read another owner's budget"),
+        );
+    }
+    let budget = match store.owner_budget(&owner).await {
+        Ok(budget) => budget.unwrap_or_default(),
+        Err(e) => return store_failed("read an owner's budget", &e),
+    };
+    owner_reply(store, &owner, &budget).await
+}
+
+/// `PUT /v1/owners/{sub}/budget` with `{"budget": {…} | null}`: administrators only.
+pub async fn put_owner(
+    store: &dyn KeyStore,
+    is_admin: bool,
+    raw_owner: &str,
+    body: &[u8],
+) -> (Reply, Option<KeyEvent>) {
+    let owner = match owner_in_path(raw_owner) {
+        Ok(owner) => owner,
+        Err(message) => return (Reply::error(400, "bad_request", Some(message)), None),
+    };
+    if !is_admin {
+        let message = "only an administrator may set an owner's budget";
+        return (Reply::error(403, "forbidden", Some(message)), None);
+    }
+    let budget = match budget_body(body) {
+        Ok(budget) => budget,
+        Err(message) => return (Reply::error(400, "bad_request", Some(&message)), None),
+    };
+    if let Err(e) = store.set_owner_budget(&owner, &budget, unix_now_ms()).await {
+        return (store_failed("set an owner's budget", &e), None);
+    }
+    let event = KeyEvent {
+        event: "budget",
+        key_id: None,
+        budget_owner: Some(owner.clone()),
+        budget: Some((!budget.is_empty()).then_some(budget)),
+    };
+    (owner_reply(store, &owner, &budget).await, Some(event))
+}
+
+async fn owner_reply(store: &dyn KeyStore, owner: &str, budget: &Budget) -> Reply {
+    let starts = WindowStarts::at(unix_now());
+    let used = match store
+        .window_usage(&Subject::Owner(owner.to_string()), starts)
+        .await
+    {
+        Ok(used) => used,
+        Err(e) => return store_failed("read an owner's usage", &e),
+    };
+    let body = owner_json(budget, &used, starts);
+    Reply::json(200, serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// The body of a `PATCH /v1/keys/{id}` or `PUT /v1/owners/{sub}/budget`: exactly
+/// `{"budget": {…} | null}`. The budget it sets (empty: none), or the message of a 400.
+pub fn budget_body(body: &[u8]) -> Result<Budget, String> {
+    const SHAPE: &str = "the body must be a JSON object: {\"budget\": {…} or null}";
+    let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) else {
+        return Err(SHAPE.into());
+    };
+    if let Some(other) = fields.keys().find(|k| *k != "budget") {
+        let shown: String = other.chars().take(64).collect();
+        return Err(format!("unknown field {shown:?}: only budget is accepted"));
+    }
+    budget_member(body)?.ok_or_else(|| SHAPE.replace("must be", "must hold budget:"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(b: &Budget) -> [Option<u64>; 4] {
+        b.limits()
+    }
+
+    #[test]
+    fn budget_members() {
+        let max = i64::MAX;
+        let ok = budget_member(
+            format!(r#"{{"name":"x","budget":{{"tokens_per_day":100,"requests_per_day":{max}}}}}"#)
+                .as_bytes(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(limits(&ok), [None, Some(100), None, Some(max as u64)]);
+        assert_eq!(budget_member(br#"{"name":"x"}"#), Ok(None));
+        for clear in [&br#"{"budget":null}"#[..], br#"{"budget":{}}"#] {
+            assert!(budget_member(clear).unwrap().unwrap().is_empty());
+        }
+        for (body, message) in [
+            (
+                &br#"{"budget":{"tokens_per_week":5}}"#[..],
+                "budget has an unknown member \"tokens_per_week\"",
+            ),
+            (
+                br#"{"budget":{"tokens_per_day":5,"tokens_per_day":6}}"#,
+                "budget.tokens_per_day is given twice",
+            ),
+            (
+                br#"{"budget":{"tokens_per_hour":-1}}"#,
+                "budget.tokens_per_hour must be a whole number from 0 to 9223372036854775807",
+            ),
+            (
+                br#"{"budget":{"tokens_per_hour":1.5}}"#,
+                "budget.tokens_per_hour must be",
+            ),
+            (
+                br#"{"budget":{"tokens_per_hour":1e3}}"#,
+                "budget.tokens_per_hour must be",
+            ),
+            (
+                br#"{"budget":{"tokens_per_hour":"5"}}"#,
+                "budget.tokens_per_hour must be",
+            ),
+            (
+                br#"{"budget":{"tokens_per_hour":null}}"#,
+                "budget.tokens_per_hour must be",
+            ),
+            (
+                br#"{"budget":{"requests_per_day":9223372036854775808}}"#,
+                "budget.requests_per_day must be",
+            ),
+            (
+                br#"{"budget":{"requests_per_day":99999999999999999999999}}"#,
+                "budget.requests_per_day must be",
+            ),
+            (br#"{"budget":5}"#, "budget must be an object"),
+            (
+                br#"{"budget":[{"tokens_per_day":5}]}"#,
+                "budget must be an object",
+            ),
+            (br#"{"budget":"none"}"#, "budget must be an object"),
+            (br#"{"budget":{},"budget":null}"#, "budget is given twice"),
+        ] {
+            let got = budget_member(body).unwrap_err();
+            assert!(
+                got.starts_with(message),
+                "{}: {got}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        // The first problem is the one named.
+        let got = budget_member(br#"{"budget":{"a":1,"tokens_per_day":-1}}"#).unwrap_err();
+        assert!(got.contains("\"a\""), "{got}");
+    }
+
+    #[test]
+    fn patch_and_put_bodies() {
+        assert_eq!(
+            limits(&budget_body(br#"{"budget":{"tokens_per_month":7}}"#).unwrap()),
+            [None, None, Some(7), None]
+        );
+        assert!(budget_body(br#"{"budget":null}"#).unwrap().is_empty());
+        for (body, message) in [
+            (&b"{}"[..], "the body must hold budget"),
+            (b"[]", "the body must be a JSON object"),
+            (b"nope", "the body must be a JSON object"),
+            (br#"{"budget":null,"name":"x"}"#, "unknown field \"name\""),
+            (br#"{"budget":{"x":1}}"#, "budget has an unknown member"),
+        ] {
+            let got = budget_body(body).unwrap_err();
+            assert!(
+                got.starts_with(message),
+                "{}: {got}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_stays_within_its_owner_budget() {
+        let owner = Budget::from_limits([None, Some(1000), None, Some(10)]);
+        let within = Budget::from_limits([Some(5000), Some(1000), Some(1), None]);
+        assert_eq!(beyond_owner(&within, Some(&owner)), None);
+        assert_eq!(beyond_owner(&within, None), None);
+        let over = Budget::from_limits([None, Some(999), None, Some(11)]);
+        let message = beyond_owner(&over, Some(&owner)).unwrap();
+        assert!(
+            message.starts_with("budget.requests_per_day 11"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn owners_in_paths() {
+        assert_eq!(owner_in_path("alice").unwrap(), "alice");
+        assert_eq!(owner_in_path("auth0%7Cabc%2F1").unwrap(), "auth0|abc/1");
+        assert_eq!(owner_in_path("%C3%A9").unwrap(), "é");
+        for bad in ["", "%", "%4", "%zz", "%00", "a%0Ab", "%FF"] {
+            assert!(owner_in_path(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn json_shapes() {
+        let budget = Budget::from_limits([Some(100), None, None, Some(5)]);
+        let used = WindowUsage {
+            hour_tokens: 7,
+            day_tokens: 8,
+            month_tokens: 9,
+            day_requests: 1,
+        };
+        assert_eq!(
+            budget_json(&budget),
+            json!({"tokens_per_hour": 100, "requests_per_day": 5})
+        );
+        assert_eq!(budget_json(&Budget::default()), Value::Null);
+        assert_eq!(
+            key_used_json(&budget, &used),
+            json!({"tokens_per_hour": 7, "requests_per_day": 1})
+        );
+        assert_eq!(key_used_json(&Budget::default(), &used), Value::Null);
+        let starts = WindowStarts::at(crate::time::parse_date("2026-12-31").unwrap() + 60);
+        let owner = owner_json(&Budget::default(), &used, starts);
+        assert_eq!(
+            owner,
+            json!({
+                "budget": null,
+                "used": {"tokens_per_hour": 7, "tokens_per_day": 8, "tokens_per_month": 9,
+                         "requests_per_day": 1},
+                "resets": {"tokens_per_hour": "2026-12-31T01:00:00Z",
+                           "tokens_per_day": "2027-01-01T00:00:00Z",
+                           "tokens_per_month": "2027-01-01T00:00:00Z",
+                           "requests_per_day": "2027-01-01T00:00:00Z"}
+            })
+        );
+    }
+}

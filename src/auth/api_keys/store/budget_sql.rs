@@ -1,0 +1,377 @@
+//! Budgets in the store, the same statements on both databases (`mark`: the dialect's
+//! placeholder prefix, `?` or `$`): key limits are columns of `api_keys`, owner limits rows of
+//! `owner_budgets`, each change stamped in unix milliseconds so gateways can poll for what
+//! changed since their last look, and the ledger's sums over the current hour, day and month,
+//! grouped so that any number of subjects costs a few statements.
+
+use std::collections::HashMap;
+
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+
+use super::{Budget, BudgetChange, StoreError, Subject, WindowStarts, WindowUsage};
+
+/// Subjects per `IN (…)` list: far under either database's limit on bound parameters.
+const CHUNK: usize = 500;
+
+/// The limit columns, in `Budget::NAMES` order (the names are the column names).
+const LIMITS: &str = "tokens_per_hour, tokens_per_day, tokens_per_month, requests_per_day";
+
+/// The limits as stored: BIGINT, so at most `i64::MAX` each (the CLI and the API refuse more).
+pub(super) fn columns(b: &Budget) -> Result<[Option<i64>; 4], StoreError> {
+    let mut out = [None; 4];
+    for (i, (limit, name)) in b.limits().into_iter().zip(Budget::NAMES).enumerate() {
+        out[i] = limit
+            .map(|n| i64::try_from(n).map_err(|_| format!("{name} is over {}", i64::MAX)))
+            .transpose()?;
+    }
+    Ok(out)
+}
+
+/// The limits of a row of `api_keys` or `owner_budgets`, on either database.
+pub(super) fn budget_of<R>(row: &R) -> Result<Budget, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'d> i64: Decode<'d, R::Database> + Type<R::Database>,
+{
+    let mut limits = [None; 4];
+    for (limit, name) in limits.iter_mut().zip(Budget::NAMES) {
+        let value: Option<i64> = row.try_get(name)?;
+        *limit = value.map(|n| n.max(0) as u64);
+    }
+    Ok(Budget::from_limits(limits))
+}
+
+/// `KeyStore::set_key_budget`: the limits and the stamp, in one statement.
+pub(super) async fn set_key<DB>(
+    pool: &Pool<DB>,
+    key_id: &str,
+    budget: &Budget,
+    at_ms: i64,
+    mark: char,
+) -> Result<bool, StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'c> &'c str: ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let [hour, day, month, requests] = columns(budget)?;
+    let sql = format!(
+        "UPDATE api_keys SET tokens_per_hour = {mark}2, tokens_per_day = {mark}3, \
+         tokens_per_month = {mark}4, requests_per_day = {mark}5, budget_changed_at = {mark}6 \
+         WHERE key_id = {mark}1 RETURNING key_id"
+    );
+    let found = sqlx::query(&sql)
+        .bind(key_id)
+        .bind(hour)
+        .bind(day)
+        .bind(month)
+        .bind(requests)
+        .bind(at_ms)
+        .fetch_optional(pool)
+        .await?;
+    Ok(found.is_some())
+}
+
+/// `KeyStore::owner_budget`: none for an owner never given one or whose budget was cleared.
+pub(super) async fn owner_budget<DB>(
+    pool: &Pool<DB>,
+    owner: &str,
+    mark: char,
+) -> Result<Option<Budget>, StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'c> &'c str: ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let sql = format!("SELECT {LIMITS} FROM owner_budgets WHERE owner = {mark}1");
+    let row = sqlx::query(&sql).bind(owner).fetch_optional(pool).await?;
+    let budget = row.as_ref().map(budget_of).transpose()?;
+    Ok(budget.filter(|b| !b.is_empty()))
+}
+
+/// `KeyStore::set_owner_budget`: an upsert; a cleared budget keeps its row (every limit NULL)
+/// with the new stamp, so pollers see the clear.
+pub(super) async fn set_owner<DB>(
+    pool: &Pool<DB>,
+    owner: &str,
+    budget: &Budget,
+    at_ms: i64,
+    mark: char,
+) -> Result<(), StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'c> &'c str: ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let [hour, day, month, requests] = columns(budget)?;
+    let sql = format!(
+        "INSERT INTO owner_budgets (owner, {LIMITS}, changed_at) \
+         VALUES ({mark}1, {mark}2, {mark}3, {mark}4, {mark}5, {mark}6) \
+         ON CONFLICT (owner) DO UPDATE SET tokens_per_hour = excluded.tokens_per_hour, \
+         tokens_per_day = excluded.tokens_per_day, tokens_per_month = excluded.tokens_per_month, \
+         requests_per_day = excluded.requests_per_day, changed_at = excluded.changed_at"
+    );
+    sqlx::query(&sql)
+        .bind(owner)
+        .bind(hour)
+        .bind(day)
+        .bind(month)
+        .bind(requests)
+        .bind(at_ms)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// `KeyStore::budget_changes`: keys then owners, each read through its stamp's index.
+pub(super) async fn changes<DB>(
+    pool: &Pool<DB>,
+    since_ms: i64,
+    mark: char,
+) -> Result<Vec<BudgetChange>, StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'c> &'c str: ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let mut out = Vec::new();
+    for (sql, key) in [
+        (
+            format!(
+                "SELECT key_id AS subject, {LIMITS}, budget_changed_at AS changed_at \
+                 FROM api_keys WHERE budget_changed_at >= {mark}1"
+            ),
+            true,
+        ),
+        (
+            format!(
+                "SELECT owner AS subject, {LIMITS}, changed_at \
+                 FROM owner_budgets WHERE changed_at >= {mark}1"
+            ),
+            false,
+        ),
+    ] {
+        let rows = sqlx::query(&sql).bind(since_ms).fetch_all(pool).await?;
+        for row in &rows {
+            let subject: String = row.try_get("subject")?;
+            out.push(BudgetChange {
+                subject: if key {
+                    Subject::Key(subject)
+                } else {
+                    Subject::Owner(subject)
+                },
+                budget: budget_of(row)?,
+                changed_at_ms: row.try_get("changed_at")?,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The ledger column a subject's usage is under, and its value there.
+pub(super) fn column_of(subject: &Subject) -> (&'static str, &str) {
+    match subject {
+        Subject::Key(key_id) => ("key_id", key_id),
+        Subject::Owner(owner) => ("owner", owner),
+    }
+}
+
+/// Which subjects a window statement sums: those named (a key listing's page, one subject), or
+/// every one but the ledger's `''` (no key, no owner).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Which {
+    Named(usize),
+    All,
+}
+
+/// The ledger's sums per subject (`column`: `key_id` or `owner`) in the current windows, two
+/// grouped statements: the hour's tokens from `usage_hourly`, and from `usage_daily` the day's
+/// tokens and requests and the month's tokens (the current day is one of the month's). Both
+/// filter on the subject's leading index column (`usage_hourly_key`/`_owner`,
+/// `usage_daily_key`/`_owner`). Parameters: the hour's start (hourly), or the day's and the
+/// month's starts (daily), then the subjects. Sums are cast
+/// back to 64 bits (Postgres widens a bigint sum to numeric).
+pub(super) fn window_sql(column: &str, which: Which, mark: char) -> [String; 2] {
+    // The subjects' parameters follow the statement's own (`first`: the first subject's number).
+    let filter = |first: usize| match which {
+        Which::All => format!("{column} <> ''"),
+        Which::Named(n) => {
+            let marks: Vec<String> = (first..first + n).map(|i| format!("{mark}{i}")).collect();
+            format!("{column} IN ({})", marks.join(", "))
+        }
+    };
+    let tokens = "prompt_tokens + completion_tokens";
+    [
+        format!(
+            "SELECT {column}, CAST(SUM({tokens}) AS BIGINT) FROM usage_hourly \
+             WHERE hour = {mark}1 AND {filter} GROUP BY {column}",
+            filter = filter(2)
+        ),
+        format!(
+            "SELECT {column}, \
+             CAST(SUM(CASE WHEN day = {mark}1 THEN {tokens} ELSE 0 END) AS BIGINT), \
+             CAST(SUM(CASE WHEN day = {mark}1 THEN requests ELSE 0 END) AS BIGINT), \
+             CAST(SUM({tokens}) AS BIGINT) FROM usage_daily \
+             WHERE day >= {mark}2 AND {filter} GROUP BY {column}",
+            filter = filter(3)
+        ),
+    ]
+}
+
+/// The current windows' sums of the subjects in `ids` (every subject with `Which::All` and no
+/// ids), by `column`, read in one transaction (a snapshot on both databases, so a flush landing
+/// between the statements is seen by both or neither). Subjects without usage in the month are
+/// left out.
+pub(super) async fn window_usage<DB>(
+    pool: &Pool<DB>,
+    column: &str,
+    ids: Option<&[&str]>,
+    starts: WindowStarts,
+    mark: char,
+) -> Result<HashMap<String, WindowUsage>, StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'c> &'c str: ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let mut out: HashMap<String, WindowUsage> = HashMap::new();
+    let chunks: Vec<Option<&[&str]>> = match ids {
+        None => vec![None],
+        Some([]) => return Ok(out),
+        Some(ids) => ids.chunks(CHUNK).map(Some).collect(),
+    };
+    let count = |n: i64| n.max(0) as u64;
+    let mut tx = pool.begin().await?;
+    if mark == '$' {
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+    }
+    for chunk in chunks {
+        let which = chunk.map_or(Which::All, |c| Which::Named(c.len()));
+        let [hourly, daily] = window_sql(column, which, mark);
+        let mut days = sqlx::query(&daily).bind(starts.day).bind(starts.month);
+        let mut hours = sqlx::query(&hourly).bind(starts.hour);
+        for id in chunk.unwrap_or_default() {
+            days = days.bind(*id);
+            hours = hours.bind(*id);
+        }
+        for row in days.fetch_all(&mut *tx).await? {
+            let used = out.entry(row.try_get(0)?).or_default();
+            used.day_tokens = count(row.try_get(1)?);
+            used.day_requests = count(row.try_get(2)?);
+            used.month_tokens = count(row.try_get(3)?);
+        }
+        for row in hours.fetch_all(&mut *tx).await? {
+            out.entry(row.try_get(0)?).or_default().hour_tokens = count(row.try_get(1)?);
+        }
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// `KeyStore::all_window_usage`: every key, then every owner, four grouped statements in all.
+pub(super) async fn all_window_usage<DB>(
+    pool: &Pool<DB>,
+    starts: WindowStarts,
+    mark: char,
+) -> Result<Vec<(Subject, WindowUsage)>, StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'c> &'c str: ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let keys = window_usage(pool, "key_id", None, starts, mark).await?;
+    let owners = window_usage(pool, "owner", None, starts, mark).await?;
+    let mut out: Vec<(Subject, WindowUsage)> = keys
+        .into_iter()
+        .map(|(k, u)| (Subject::Key(k), u))
+        .chain(owners.into_iter().map(|(o, u)| (Subject::Owner(o), u)))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// Step 5 of the shared migrations on SQLite (one column per `ALTER TABLE`): the key limits and
+/// their stamp, the owner budgets, and the index a key's days are summed through.
+pub(super) const MIGRATION_SQLITE: &str = "
+    ALTER TABLE api_keys ADD COLUMN tokens_per_hour BIGINT;
+    ALTER TABLE api_keys ADD COLUMN tokens_per_day BIGINT;
+    ALTER TABLE api_keys ADD COLUMN tokens_per_month BIGINT;
+    ALTER TABLE api_keys ADD COLUMN requests_per_day BIGINT;
+    ALTER TABLE api_keys ADD COLUMN budget_changed_at BIGINT;
+    CREATE INDEX IF NOT EXISTS api_keys_budget_changed ON api_keys (budget_changed_at)
+        WHERE budget_changed_at IS NOT NULL;
+    CREATE TABLE IF NOT EXISTS owner_budgets (
+        owner            TEXT PRIMARY KEY,
+        tokens_per_hour  BIGINT,
+        tokens_per_day   BIGINT,
+        tokens_per_month BIGINT,
+        requests_per_day BIGINT,
+        changed_at       BIGINT NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS owner_budgets_changed ON owner_budgets (changed_at);
+    CREATE INDEX IF NOT EXISTS usage_daily_key ON usage_daily (key_id, day);";
+
+/// Step 5 on Postgres: the same, with `IF NOT EXISTS` on the columns too.
+pub(super) const MIGRATION_POSTGRES: &str = "
+    ALTER TABLE api_keys ADD COLUMN IF NOT EXISTS tokens_per_hour BIGINT,
+        ADD COLUMN IF NOT EXISTS tokens_per_day BIGINT,
+        ADD COLUMN IF NOT EXISTS tokens_per_month BIGINT,
+        ADD COLUMN IF NOT EXISTS requests_per_day BIGINT,
+        ADD COLUMN IF NOT EXISTS budget_changed_at BIGINT;
+    CREATE INDEX IF NOT EXISTS api_keys_budget_changed ON api_keys (budget_changed_at)
+        WHERE budget_changed_at IS NOT NULL;
+    CREATE TABLE IF NOT EXISTS owner_budgets (
+        owner            TEXT PRIMARY KEY,
+        tokens_per_hour  BIGINT,
+        tokens_per_day   BIGINT,
+        tokens_per_month BIGINT,
+        requests_per_day BIGINT,
+        changed_at       BIGINT NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS owner_budgets_changed ON owner_budgets (changed_at);
+    CREATE INDEX IF NOT EXISTS usage_daily_key ON usage_daily (key_id, day);";

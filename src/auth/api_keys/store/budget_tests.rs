@@ -1,0 +1,275 @@
+//! Budgets in both stores: a key's budget written with it, set and cleared later, owners'
+//! budgets, the stamps pollers read, and the ledger's window sums for one subject, a page of
+//! keys and every subject, on SQLite and on a real Postgres server.
+
+use super::budget_sql::{columns, window_sql, Which};
+use super::{
+    Budget, KeyRecord, KeyStore, SqliteStore, StoredKey, Subject, UsageCounts, UsageRow,
+    WindowStarts, WindowUsage,
+};
+
+fn key(id: &str, owner: &str, budget: Budget) -> StoredKey {
+    StoredKey {
+        record: KeyRecord {
+            key_id: id.into(),
+            name: "k".into(),
+            scopes: vec!["infer".into()],
+            created_at: 1_700_000_000,
+            expires_at: None,
+            revoked_at: None,
+            owner: Some(owner.into()),
+            budget,
+        },
+        verifier: [0; 32],
+    }
+}
+
+fn budget(limits: [Option<u64>; 4]) -> Budget {
+    Budget::from_limits(limits)
+}
+
+/// Keys and owners: written, read back, stamped, cleared (keeping the stamp).
+async fn budgets_are_kept_and_stamped(store: &dyn KeyStore) {
+    let day = budget([None, Some(100_000), None, Some(500)]);
+    let before = crate::time::unix_now_ms();
+    store.insert(&key("b1", "alice", day)).await.unwrap();
+    store
+        .insert(&key("b2", "alice", Budget::default()))
+        .await
+        .unwrap();
+    let found = store.find("b1").await.unwrap().unwrap();
+    assert_eq!(found.record.budget, day);
+    assert!(store
+        .find("b2")
+        .await
+        .unwrap()
+        .unwrap()
+        .record
+        .budget
+        .is_empty());
+    let listed = store.list_by_owner("alice").await.unwrap();
+    assert_eq!(
+        listed.iter().map(|k| k.budget).collect::<Vec<_>>(),
+        [day, Budget::default()]
+    );
+    let page = store.page(Some("alice"), None, 10).await.unwrap();
+    assert!(page.iter().any(|k| k.budget == day));
+
+    // Only the key made with a budget is stamped, with the time it was written.
+    let changes = store.budget_changes(0).await.unwrap();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0].subject, Subject::Key("b1".into()));
+    assert_eq!(changes[0].budget, day);
+    assert!(changes[0].changed_at_ms >= before, "{changes:?}");
+
+    // Set on the other key; an unknown key is not found; the stamps are the writer's.
+    let hour = budget([Some(u64::MAX >> 1), None, None, None]);
+    assert!(store.set_key_budget("b2", &hour, 5_000).await.unwrap());
+    assert!(!store.set_key_budget("nope", &hour, 5_000).await.unwrap());
+    assert_eq!(store.find("b2").await.unwrap().unwrap().record.budget, hour);
+    assert!(store
+        .set_key_budget("b2", &budget([Some(u64::MAX), None, None, None]), 5_000)
+        .await
+        .is_err());
+
+    // Owners: none, set, changed, cleared; a clear is still a change pollers see.
+    assert_eq!(store.owner_budget("alice").await.unwrap(), None);
+    let month = budget([None, None, Some(3_000_000), None]);
+    store
+        .set_owner_budget("alice", &month, 6_000)
+        .await
+        .unwrap();
+    assert_eq!(store.owner_budget("alice").await.unwrap(), Some(month));
+    store.set_owner_budget("alice", &day, 7_000).await.unwrap();
+    assert_eq!(store.owner_budget("alice").await.unwrap(), Some(day));
+    store.set_owner_budget("bob", &month, 7_500).await.unwrap();
+
+    // Cleared: the key's limits are gone but its stamp moves on.
+    assert!(store
+        .set_key_budget("b2", &Budget::default(), 8_000)
+        .await
+        .unwrap());
+    store
+        .set_owner_budget("alice", &Budget::default(), 9_000)
+        .await
+        .unwrap();
+    assert_eq!(store.owner_budget("alice").await.unwrap(), None);
+    assert!(store
+        .find("b2")
+        .await
+        .unwrap()
+        .unwrap()
+        .record
+        .budget
+        .is_empty());
+
+    let mut since: Vec<_> = store
+        .budget_changes(7_500)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.subject, c.budget, c.changed_at_ms))
+        .collect();
+    since.sort_by(|a, b| a.0.cmp(&b.0));
+    let want = vec![
+        (Subject::Key("b1".into()), day, changes[0].changed_at_ms),
+        (Subject::Key("b2".into()), Budget::default(), 8_000),
+        (Subject::Owner("alice".into()), Budget::default(), 9_000),
+        (Subject::Owner("bob".into()), month, 7_500),
+    ];
+    assert_eq!(since, want);
+    assert_eq!(
+        store.budget_changes(9_001).await.unwrap().len(),
+        1,
+        "b1's stamp is now"
+    );
+    assert_eq!(store.budget_changes(0).await.unwrap().len(), 4);
+}
+
+/// 2026-11-25T13:30:00Z: the 25th, so the month holds earlier days.
+fn now() -> i64 {
+    crate::time::parse_date("2026-11-25").unwrap() + 13 * 3600 + 1800
+}
+
+fn row(hour: i64, key: &str, owner: &str, n: u64) -> UsageRow {
+    UsageRow {
+        hour,
+        key_id: key.into(),
+        owner: owner.into(),
+        service: "infer".into(),
+        model: "m".into(),
+        counts: UsageCounts {
+            requests: n,
+            prompt_tokens: 11 * n,
+            completion_tokens: 5 * n,
+            reasoning_tokens: 2 * n,
+            cached_tokens: n,
+            estimated_requests: 0,
+        },
+    }
+}
+
+fn used(hour: u64, day: u64, month: u64, requests: u64) -> WindowUsage {
+    WindowUsage {
+        hour_tokens: hour,
+        day_tokens: day,
+        month_tokens: month,
+        day_requests: requests,
+    }
+}
+
+/// The ledger summed per window (16 tokens a request: 11 prompt + 5 completion; reasoning and
+/// cached tokens are not counted again), for keys and owners (JWT calls included).
+async fn window_sums_come_from_the_ledger(store: &dyn KeyStore) {
+    let starts = WindowStarts::at(now());
+    let rows = [
+        row(starts.hour, "k1", "alice", 2),
+        row(starts.hour - 3600, "k1", "alice", 1),
+        row(starts.day - 86_400 + 3600, "k1", "alice", 3),
+        row(starts.month - 3600, "k1", "alice", 5), // last month
+        row(starts.hour, "", "alice", 1),           // alice's own JWT call
+        row(starts.hour, "k2", "bob", 4),
+        row(starts.day, "k3", "", 1),
+        row(starts.hour + 3600, "k1", "alice", 7), // the next hour: not yet
+    ];
+    store.add_usage(&rows[..7]).await.unwrap();
+    let k1 = used(32, 48, 96, 3);
+    let alice = used(48, 64, 112, 4);
+    let bob = used(64, 64, 64, 4);
+    let k3 = used(0, 16, 16, 1);
+    let of = |s: Subject| async move { store.window_usage(&s, starts).await.unwrap() };
+    assert_eq!(of(Subject::Key("k1".into())).await, k1);
+    assert_eq!(of(Subject::Owner("alice".into())).await, alice);
+    assert_eq!(of(Subject::Owner("bob".into())).await, bob);
+    assert_eq!(
+        of(Subject::Key("none".into())).await,
+        WindowUsage::default()
+    );
+
+    let ids = ["k1", "k2", "k3", "none"].map(String::from);
+    let page = store.keys_window_usage(&ids, starts).await.unwrap();
+    assert_eq!(page.len(), 3, "{page:?}");
+    assert_eq!((page["k1"], page["k2"], page["k3"]), (k1, bob, k3));
+    assert!(store
+        .keys_window_usage(&[], starts)
+        .await
+        .unwrap()
+        .is_empty());
+
+    let all = store.all_window_usage(starts).await.unwrap();
+    let want = vec![
+        (Subject::Key("k1".into()), k1),
+        (Subject::Key("k2".into()), bob),
+        (Subject::Key("k3".into()), k3),
+        (Subject::Owner("alice".into()), alice),
+        (Subject::Owner("bob".into()), bob),
+    ];
+    assert_eq!(all, want, "no '' key or owner");
+
+    // An hour later: the hour starts again, the day and month go on.
+    store.add_usage(&rows[7..]).await.unwrap();
+    let later = WindowStarts::at(now() + 3600);
+    let k1_later = store
+        .window_usage(&Subject::Key("k1".into()), later)
+        .await
+        .unwrap();
+    assert_eq!(k1_later, used(112, 160, 208, 10));
+}
+
+#[tokio::test]
+async fn budgets_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&format!("sqlite://{}/keys.db", dir.path().display()))
+        .await
+        .unwrap();
+    budgets_are_kept_and_stamped(&store).await;
+    window_sums_come_from_the_ledger(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn budgets_on_postgres() {
+    let pg = tokio::task::spawn_blocking(testkit::postgres::Postgres::start)
+        .await
+        .unwrap();
+    let store = super::open_store(&pg.url, false).await.unwrap();
+    budgets_are_kept_and_stamped(&*store).await;
+    window_sums_come_from_the_ledger(&*store).await;
+    // A clear keeps the row and its stamp; the limits are NULL.
+    assert_eq!(
+        pg.sql(
+            "SELECT count(*) FROM owner_budgets WHERE tokens_per_day IS NULL AND changed_at = 9000"
+        ),
+        "1"
+    );
+    drop(store);
+    tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
+}
+
+#[test]
+fn limits_fit_the_columns() {
+    let max = i64::MAX as u64;
+    assert_eq!(
+        columns(&budget([Some(0), None, Some(max), None])).unwrap(),
+        [Some(0), None, Some(i64::MAX), None]
+    );
+    let err = columns(&budget([None, None, None, Some(max + 1)])).unwrap_err();
+    assert!(err.to_string().contains("requests_per_day"), "{err}");
+}
+
+#[test]
+fn window_statements_number_their_parameters_in_order() {
+    let [hourly, daily] = window_sql("key_id", Which::Named(2), '$');
+    assert!(
+        hourly.ends_with("WHERE hour = $1 AND key_id IN ($2, $3) GROUP BY key_id"),
+        "{hourly}"
+    );
+    assert!(
+        daily.contains("WHERE day >= $2 AND key_id IN ($3, $4) GROUP BY key_id"),
+        "{daily}"
+    );
+    let [hourly, _] = window_sql("owner", Which::All, '?');
+    assert!(
+        hourly.contains("AND owner <> '' GROUP BY owner"),
+        "{hourly}"
+    );
+}
