@@ -5,6 +5,7 @@
 mod access_log;
 mod admin_api;
 mod auth;
+mod budget_admin;
 mod budgets;
 mod connections;
 mod fleet_keys;
