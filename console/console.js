@@ -1,7 +1,8 @@
 // Portcullis key console: sign in with OAuth 2.0 authorization code + PKCE (S256) at the
 // configured OpenID provider, then create, list and revoke API keys through the gateway's
 // key-management API on this page's own origin (/v1/keys), and show their usage (/v1/usage,
-// drawn by usage.js with this file's api(), so the token never leaves this closure).
+// drawn by usage.js) and budgets (budgets.js), both with this file's api(), so the token never
+// leaves this closure.
 //
 // Where things live:
 //   - the access token: in this script's memory only (never localStorage, sessionStorage or a
@@ -26,6 +27,7 @@
   // oidc.js, loaded first: PKCE, discovery, reading claims, dates.
   const { randomString, s256, consoleUrl, getJson, discover, decodeClaims, formatTime } = window.PortcullisOidc;
   let usage = null; // usage.js's view, made in start() with this file's api(): the token stays here
+  let budgets = null; // budgets.js's view, likewise
 
   // ---- small helpers ----------------------------------------------------------------------
 
@@ -149,6 +151,7 @@
     $('keys-body').replaceChildren();
     $('create-form').reset();
     if (usage) usage.clear();
+    if (budgets) budgets.clear();
     render();
     say(message || 'Signed out. The page no longer holds a token.', message ? 'error' : 'info');
   }
@@ -283,8 +286,10 @@
       cell(row, 'Expires', key.expires ? formatTime(key.expires) : 'never');
       const st = cell(row, 'Status', statusText, `status-${status}`);
       st.dataset.testid = 'status';
+      row.append(budgets.keyCell(key));
       const actions = cell(row, '', '', 'actions');
       if (status === 'active') {
+        actions.append(budgets.editButton(key, row));
         const btn = document.createElement('button');
         btn.type = 'button';
         btn.className = 'danger';
@@ -298,6 +303,12 @@
     }
     $('keys-empty').hidden = keys.length > 0;
     $('more-keys').hidden = !nextCursor;
+  }
+
+  // A key as the API answered a change of it (its budget), in place of the one listed.
+  function updateKey(changed) {
+    keys = keys.map((k) => (k.id === changed.id ? changed : k));
+    renderKeys();
   }
 
   // The API pages the list, newest first: the first page on load, older ones on request.
@@ -358,8 +369,15 @@
       if (first) first.focus();
       return;
     }
+    const budget = budgets.readCreate();
+    if (budget.error) {
+      say(budget.error, 'error');
+      budget.input.focus();
+      return;
+    }
     const request = { name, scopes };
     if ($('key-expiry').value) request.expires_in = $('key-expiry').value;
+    if (budget.value) request.budget = budget.value;
     const button = $('create-key');
     button.disabled = true;
     try {
@@ -399,7 +417,7 @@
     $('sign-in').addEventListener('click', signIn);
     $('sign-out').addEventListener('click', () => signOut());
     $('create-form').addEventListener('submit', create);
-    $('refresh-keys').addEventListener('click', () => loadKeys().then(
+    $('refresh-keys').addEventListener('click', () => Promise.all([loadKeys(), budgets.load()]).then(
       () => say('Key list refreshed.'),
       (err) => token && say(`Could not list keys: ${describe(err)}`, 'error'),
     ));
@@ -414,9 +432,9 @@
       $('key-name').focus();
     });
     $('keys-title').tabIndex = -1;
-    usage = window.PortcullisUsage.create({
-      api, describe, keys: () => keys, viewer: () => ({ sub: token && token.sub, admin: isAdmin() }),
-    });
+    const viewer = () => ({ signedIn: Boolean(token), sub: token && token.sub, admin: isAdmin() });
+    usage = window.PortcullisUsage.create({ api, describe, keys: () => keys, viewer });
+    budgets = window.PortcullisBudgets.create({ api, describe, say, viewer, updateKey });
     $('refresh-usage').addEventListener('click', () => usage.load());
 
     try {
@@ -450,7 +468,7 @@
       } catch (err) {
         if (token) say(`Could not list keys: ${describe(err)}`, 'error');
       }
-      if (token) await usage.load(); // after the keys, whose names it shows
+      if (token) await Promise.all([usage.load(), budgets.load()]); // after the keys, whose names usage shows
       return;
     }
     // A stale round trip (the user came back without finishing) leaves nothing behind.

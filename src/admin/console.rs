@@ -1,4 +1,4 @@
-//! The reference console (`console/`: one page, three scripts, no build step), embedded in the
+//! The reference console (`console/`: one page, four scripts, no build step), embedded in the
 //! binary and served under `/console/` when `[admin] console = true`, so no second web server
 //! is needed. `config.json` tells the page where to sign in.
 
@@ -9,6 +9,7 @@ const INDEX_HTML: &str = include_str!("../../console/index.html");
 const CONSOLE_JS: &str = include_str!("../../console/console.js");
 const OIDC_JS: &str = include_str!("../../console/oidc.js");
 const USAGE_JS: &str = include_str!("../../console/usage.js");
+const BUDGETS_JS: &str = include_str!("../../console/budgets.js");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Asset {
@@ -16,6 +17,7 @@ pub enum Asset {
     Script,
     OidcScript,
     UsageScript,
+    BudgetsScript,
     Config,
 }
 
@@ -26,6 +28,7 @@ impl Asset {
             "/console/console.js" => Some(Asset::Script),
             "/console/oidc.js" => Some(Asset::OidcScript),
             "/console/usage.js" => Some(Asset::UsageScript),
+            "/console/budgets.js" => Some(Asset::BudgetsScript),
             "/console/config.json" => Some(Asset::Config),
             _ => None,
         }
@@ -95,6 +98,9 @@ impl Console {
             }
             Asset::UsageScript => {
                 Reply::static_body(200, "text/javascript; charset=utf-8", USAGE_JS.as_bytes())
+            }
+            Asset::BudgetsScript => {
+                Reply::static_body(200, "text/javascript; charset=utf-8", BUDGETS_JS.as_bytes())
             }
             Asset::Config => Reply::static_body(200, "application/json", self.config_json),
         };

@@ -8,7 +8,9 @@
 // its token counts: the usage view must show exactly those, today, this month and in its 30-day
 // charts. A second gateway on the same key store offers administrator sign-in
 // (`console_admin_sign_in`, `admin_subjects`); the first one must not even show it, and there
-// the administrator sees every owner's usage.
+// the administrator sees every owner's usage. Budgets (tests/browser/budgets.mjs): an
+// administrator sets an owner's budget, the owner sets its keys' within it, and real requests
+// show as "used / budget".
 //
 //   node --test tests/browser/console.test.mjs      (scripts/browser-tests.sh installs and runs it)
 //
@@ -25,6 +27,7 @@ import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
 
 import { freePort, gatewayConfig, processes, startUpstream } from './processes.mjs';
+import { budgetSteps } from './budgets.mjs';
 import { usageSteps } from './usage.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -87,7 +90,7 @@ async function newPage() {
     // The API's own 4xx answers (the 409 and the usage 400 the test provokes) are logged by
     // Chromium as failed loads.
     const from = msg.location().url || '';
-    const api = (p) => p.startsWith('/v1/keys') || p === '/v1/usage';
+    const api = (p) => p.startsWith('/v1/keys') || p === '/v1/usage' || p.startsWith('/v1/owners/');
     if (/^Failed to load resource/.test(msg.text()) && onConsole(from) && api(new URL(from).pathname)) return;
     pageProblems.push(`console error at ${page.url()}: ${msg.text()} (${msg.location().url || 'page'})`);
   });
@@ -237,13 +240,17 @@ const usage = usageSteps({
   step, env, state, screenshot, createKey, noHorizontalScroll, consoleRequests,
   page: () => page, upstream: () => upstream, flushSeconds: FLUSH_SECONDS,
 });
+const budgets = budgetSteps({
+  step, env, state, screenshot, createKey, noHorizontalScroll, signIn, flushSeconds: FLUSH_SECONDS,
+  page: () => page, freshPage: async () => { await context.close(); await newPage(); },
+});
 
 step('the admin listener serves the console page, its scripts and its configuration', async () => {
   const html = await fetch(`${env.admin}/console/`);
   assert.equal(html.status, 200);
   assert.match(html.headers.get('content-type') || '', /^text\/html/);
-  assert.match(await html.text(), /<script src="oidc\.js"><\/script>\s*<script src="usage\.js"><\/script>\s*<script src="console\.js"><\/script>/);
-  for (const script of ['oidc.js', 'usage.js', 'console.js']) {
+  assert.match(await html.text(), /<script src="oidc\.js"><\/script>\s*<script src="usage\.js"><\/script>\s*<script src="budgets\.js"><\/script>\s*<script src="console\.js"><\/script>/);
+  for (const script of ['oidc.js', 'usage.js', 'budgets.js', 'console.js']) {
     const js = await fetch(`${env.admin}/console/${script}`);
     assert.equal(js.status, 200, script);
     assert.match(js.headers.get('content-type') || '', /^(text|application)\/javascript/);
@@ -493,3 +500,5 @@ step("an administrator (login `admin`, admin scope requested where offered) sees
 });
 
 usage.adminSteps();
+
+budgets.steps();

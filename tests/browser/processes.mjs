@@ -106,8 +106,8 @@ export function toml(value) {
   return JSON.stringify(value); // a JSON string is a valid TOML basic string for these values
 }
 
-// A gateway's configuration: the key store (and with it the usage ledger) in `tmp`, shared by
-// every gateway written with the same `tmp`; `infer` on the recording upstream and the metered
+// A gateway's configuration: the key store (and with it the usage ledger and budgets) in `tmp`,
+// shared by every gateway written with the same `tmp`; `infer` on the recording upstream and the metered
 // `chatx` (`api = "openai"`) on the fake upstream, whose answers state their token counts.
 export function gatewayConfig({
   tmp, name, port, adminPort, adminLines, issuer, audience, cacheTtlSeconds, flushSeconds, maxKeysPerOwner,
@@ -133,6 +133,11 @@ audience = ${toml(audience)}
 
 [metering]
 flush_seconds = ${flushSeconds}
+
+# The budgets tests/browser/budgets.mjs sets in the console are enforced, as in production.
+[budgets]
+enforcement = "reserve"
+default_max_tokens = 256
 
 [admin]
 listen = ${toml(`127.0.0.1:${adminPort}`)}
