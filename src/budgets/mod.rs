@@ -95,7 +95,7 @@ impl Table {
 
     /// The budgets that apply to `principal`, non-empty ones only: its key's (as the table
     /// has it, else as the key was looked up) and its owner's.
-    fn of<'p>(&self, p: &'p Principal) -> (Option<(&'p str, Budget)>, Option<(&'p str, Budget)>) {
+    fn of<'p>(&self, p: &'p Principal) -> [Option<(&'p str, Budget)>; 2] {
         let key = p.key_id().and_then(|k| {
             let budget = self.keys.get(k).copied().unwrap_or(p.budget);
             (!budget.is_empty()).then_some((k, budget))
@@ -104,7 +104,7 @@ impl Table {
             let budget = self.owners.get(o).copied()?;
             (!budget.is_empty()).then_some((o, budget))
         });
-        (key, owner)
+        [key, owner]
     }
 
     fn get(&self, subject: &Subject) -> Option<Budget> {
@@ -246,7 +246,7 @@ impl Budgets {
 
     /// Whether `principal` has a budget of its own or through its owner: two lookups.
     pub fn applies(&self, principal: &Principal) -> bool {
-        let (key, owner) = self.table.load().of(principal);
+        let [key, owner] = self.table.load().of(principal);
         key.is_some() || owner.is_some()
     }
 
@@ -257,7 +257,7 @@ impl Budgets {
         ask: Ask,
         now: i64,
     ) -> Result<Option<Reservation>, Refusal> {
-        let (key, owner) = self.table.load().of(principal);
+        let [key, owner] = self.table.load().of(principal);
         if key.is_none() && owner.is_none() {
             return Ok(None);
         }

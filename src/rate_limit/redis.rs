@@ -144,7 +144,17 @@ impl Backend {
                 for arg in args {
                     invocation.arg(*arg);
                 }
-                tokio::time::timeout(timeout, invocation.invoke_async::<T>(&mut connection)).await
+                let call = async {
+                    match invocation.invoke_async::<T>(&mut connection).await {
+                        // A connection Redis dropped (a restart, an idle timeout) is made
+                        // again by the manager: one more try on it before deciding alone.
+                        Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                            invocation.invoke_async::<T>(&mut connection).await
+                        }
+                        done => done,
+                    }
+                };
+                tokio::time::timeout(timeout, call).await
             }
             Err(e) => Ok(Err(e)),
         };

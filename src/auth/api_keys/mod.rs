@@ -21,8 +21,6 @@ use super::Principal;
 use crate::time::unix_now;
 use lookup::Lookup;
 pub use push::RevocationPush;
-// `BudgetChange` is read by the budget enforcement (src/budgets/), built beside this branch.
-#[allow(unused_imports)]
 pub use store::{
     check_postgres_url, is_postgres_url, open_store, Budget, BudgetChange, Grouping, KeyRecord,
     KeyStore, PageEnd, StoreError, StoredKey, Subject, UsageCounts, UsageQuery, UsageRow,

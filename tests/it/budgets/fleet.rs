@@ -213,5 +213,11 @@ async fn redis_killed_under_load_falls_back_per_process_and_a_flush_reseeds_from
     tokio::task::block_in_place(|| redis.flush_all());
     let other = &fleet[2];
     let (status, _, body) = tokio::task::block_in_place(|| stream_chat(other.port, &k, Some(9)));
-    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        status,
+        429,
+        "{}\n{}",
+        String::from_utf8_lossy(&body),
+        other.log()
+    );
 }
