@@ -35,6 +35,19 @@ const STREAM_ERRORS: [&str; 6] = [
     "stream_options.include_usage appears more than once",
     "stream_options.include_usage must be a boolean",
 ];
+/// What chat and completions bodies can get for the counts budgets reserve from.
+const COUNT_ERRORS: [&str; 8] = [
+    "max_tokens appears more than once",
+    "max_tokens must be a non-negative integer",
+    "max_completion_tokens appears more than once",
+    "max_completion_tokens must be a non-negative integer",
+    "n appears more than once",
+    "n must be a non-negative integer",
+    "best_of appears more than once",
+    "best_of must be a non-negative integer",
+];
+/// The counts read on chat and completions.
+const COUNTS: [&str; 4] = ["max_tokens", "max_completion_tokens", "n", "best_of"];
 const CHAT_ERRORS: [&str; 9] = [
     "messages is required",
     "messages appears more than once",
@@ -118,7 +131,25 @@ pub fn model_body(data: &[u8]) {
             Some(new) => assert_rewrite(data, value, new, expected),
         }
         assert_usage_asked(endpoint, data, value, &policy, expected);
+        assert_completion_cap(endpoint, data, value, &policy);
     }
+}
+
+/// The completion tokens a request states it may use, as budgets reserve them: the larger
+/// of `max_tokens` and `max_completion_tokens` times the larger of `n` and `best_of` (1 when
+/// neither), none without a cap, 0 on embeddings.
+fn assert_completion_cap(endpoint: Endpoint, data: &[u8], value: &Value, policy: &Models) {
+    let plan = model_policy::plan(endpoint, data, policy).expect("accepted above");
+    let count = |name: &str| value.get(name).and_then(Value::as_u64);
+    let larger = |a: Option<u64>, b: Option<u64>| a.max(b);
+    let wanted = match endpoint {
+        Endpoint::Embeddings => Some(0),
+        _ => larger(count("max_tokens"), count("max_completion_tokens")).map(|cap| {
+            let choices = larger(count("n"), count("best_of")).unwrap_or(1).max(1);
+            cap.saturating_mul(choices)
+        }),
+    };
+    assert_eq!(plan.completion_cap, wanted, "{endpoint:?}: completion cap");
 }
 
 /// A streamed chat or completions body that does not ask for its usage is made to, and the
@@ -183,12 +214,12 @@ fn assert_refusal(endpoint: Endpoint, e: &BodyError, body: &[u8], parsed: Option
         }
         in_number = c.is_ascii_digit();
     }
-    let (for_endpoint, streamed): (&[&str], &[&str]) = match endpoint {
-        Endpoint::Chat => (&CHAT_ERRORS, &STREAM_ERRORS),
-        Endpoint::Completions => (&COMPLETIONS_ERRORS, &STREAM_ERRORS),
-        Endpoint::Embeddings => (&EMBEDDINGS_ERRORS, &[]),
+    let (for_endpoint, streamed, counts): (&[&str], &[&str], &[&str]) = match endpoint {
+        Endpoint::Chat => (&CHAT_ERRORS, &STREAM_ERRORS, &COUNT_ERRORS),
+        Endpoint::Completions => (&COMPLETIONS_ERRORS, &STREAM_ERRORS, &COUNT_ERRORS),
+        Endpoint::Embeddings => (&EMBEDDINGS_ERRORS, &[], &[]),
     };
-    let known = [&BODY_ERRORS[..], for_endpoint, streamed];
+    let known = [&BODY_ERRORS[..], for_endpoint, streamed, counts];
     assert!(
         known.iter().any(|list| list.contains(&&*shape)),
         "{endpoint:?}: a refusal outside the vocabulary: {message:?}"
@@ -255,8 +286,9 @@ fn has_unique_keys(body: &[u8]) -> bool {
 }
 
 /// The shapes `model_policy` promises, read independently on serde_json's `Value`. The
-/// optional members it reads (`model`, `stream`, `stream_options` and its `include_usage`)
-/// may also be `null`, which means absent.
+/// optional members it reads (`model`, `stream`, `stream_options` and its `include_usage`,
+/// and on chat and completions the counts `max_tokens`, `max_completion_tokens`, `n` and
+/// `best_of`, non-negative integers) may also be `null`, which means absent.
 fn well_shaped(endpoint: Endpoint, body: &Value) -> bool {
     let Some(body) = body.as_object() else {
         return false;
@@ -285,7 +317,9 @@ fn well_shaped(endpoint: Endpoint, body: &Value) -> bool {
     };
     let streams = || {
         let boolean = |v: &Value| v.is_boolean() || v.is_null();
-        body.get("stream").is_none_or(boolean)
+        let count = |v: &Value| v.is_u64() || v.is_null();
+        COUNTS.iter().all(|name| body.get(*name).is_none_or(count))
+            && body.get("stream").is_none_or(boolean)
             && body.get("stream_options").is_none_or(|o| match o {
                 Value::Null => true,
                 Value::Object(o) => o.get("include_usage").is_none_or(boolean),
