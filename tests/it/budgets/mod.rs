@@ -37,6 +37,8 @@ pub struct Setup<'a> {
     /// TOML of `[budgets]`, after the header.
     pub budgets: &'a str,
     pub rate_limit_per_minute: Option<u64>,
+    /// `max_request_body_bytes`, when not the test kit's.
+    pub max_body: Option<u64>,
 }
 
 impl Fixture {
@@ -75,6 +77,9 @@ impl Fixture {
             .service(plain)
             .cache_ttl(60)
             .extra(&extra);
+        if let Some(bytes) = setup.max_body {
+            builder = builder.max_body(bytes);
+        }
         if let Some(database) = setup.database {
             builder = builder.key_store(database);
         }

@@ -199,3 +199,33 @@ async fn three_keys_of_one_owner_and_its_jwt_share_one_rate_limit() {
     let (alone, _) = key(&gw, &[]);
     assert_eq!(get(&alone), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_held_until_complete_is_refused_for_its_budget_before_any_of_it_goes_upstream() {
+    let fx = Fixture::start().await;
+    let gw = fx.gateway(&Setup {
+        max_body: Some(1 << 20),
+        ..Setup::default()
+    });
+    let (k, _) = key(&gw, &["--tokens-per-day", "10000"]);
+    // 200 KB of prompt: past the 64 KiB read ahead, so the body is held until complete and
+    // its budget decided then; 50,000 estimated tokens do not fit in 10,000.
+    let content = "x".repeat(200_000);
+    let body = serde_json::json!({"model": "m", "max_tokens": 9,
+        "messages": [{"role": "user", "content": content}]})
+    .to_string();
+    let (status, headers, reply) = super::post(gw.port, &k, super::CHAT, &body);
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&reply));
+    let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(reply["error"], "budget_exceeded");
+    assert!(reply["message"]
+        .as_str()
+        .unwrap()
+        .contains("tokens_per_day"));
+    assert!(header(&headers, "retry-after").is_some());
+    assert_eq!(header(&headers, "x-ratelimit-limit-tokens"), Some("10000"));
+    assert_eq!(fx.chats_upstream(), 0, "the upstream never got the request");
+    // The same key still has its whole budget for a request that fits.
+    let (status, _, _) = stream_chat(gw.port, &k, Some(9));
+    assert_eq!(status, 200);
+}
