@@ -82,6 +82,7 @@ impl Local {
                             kind,
                             used,
                             limit,
+                            asked: amount,
                         });
                     }
                 }

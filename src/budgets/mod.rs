@@ -73,6 +73,8 @@ pub struct Refused {
     pub kind: Kind,
     pub used: u64,
     pub limit: u64,
+    /// What the request asked of that counter.
+    pub asked: u64,
 }
 
 /// Who has which budget: swapped whole when a budget changes (rarely), read lock-free. A
@@ -355,6 +357,7 @@ impl Budgets {
                         kind: c.kind,
                         used,
                         limit: c.limit.unwrap_or(0),
+                        asked: amounts[i],
                     }));
                 }
                 Reply::Missing(missing) => {
@@ -401,14 +404,28 @@ impl Budgets {
         } else {
             "requests"
         };
-        let message = format!(
-            "{} budget of {} exhausted: {} of {} {unit} used or reserved; it resets at {}",
-            r.kind.name(),
-            who.describe(),
-            r.used.min(r.limit),
-            r.limit,
-            rfc3339(r.kind.start(&windows.ends)),
-        );
+        let (name, whose) = (r.kind.name(), who.describe());
+        let resets = rfc3339(r.kind.start(&windows.ends));
+        let message = if r.used >= r.limit {
+            format!(
+                "{name} budget of {whose} exhausted: {} of {} {unit} used or reserved; it \
+                 resets at {resets}",
+                r.used.min(r.limit),
+                r.limit,
+            )
+        } else {
+            let left = r.limit - r.used;
+            let why = if r.kind.counts_tokens() {
+                "its prompt estimate plus its max_tokens, or default_max_tokens"
+            } else {
+                "one request"
+            };
+            format!(
+                "{name} budget of {whose} has {left} of {} {unit} left, and this request \
+                 reserves {} ({why}); it resets at {resets}",
+                r.limit, r.asked,
+            )
+        };
         let mut quota = Quota::default();
         let line = Line {
             limit: r.limit,

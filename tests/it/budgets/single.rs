@@ -62,7 +62,9 @@ async fn a_budgeted_caller_gets_openais_headers_and_a_429_naming_the_window() {
     assert_eq!(body["error"], "budget_exceeded");
     let message = body["message"].as_str().unwrap();
     assert!(
-        message.contains("tokens_per_day") && message.contains("90 of 100"),
+        message.contains("tokens_per_day budget of key")
+            && message.contains("has 10 of 100 tokens left")
+            && message.contains(&format!("reserves {ask}")),
         "{message}"
     );
     let retry: u64 = header(&headers, "retry-after").unwrap().parse().unwrap();
