@@ -180,8 +180,10 @@ fn a_redis_outage_falls_back_per_process_and_sharing_resumes() {
     // Per process, never unlimited: each gateway allows its own LIMIT (a fresh key, and the
     // gateways' one-minute windows began at their start, seconds ago).
     assert_eq!(outage.allowed, [LIMIT; 3], "{outage:?}");
+    // The 50 ms Redis timeout at most, with room for a machine busy with other tests (the
+    // budget storms run beside this one): a dead Redis never costs a request seconds.
     assert!(
-        outage.worst < Duration::from_millis(100),
+        outage.worst < Duration::from_millis(250),
         "a request took {:?}",
         outage.worst
     );
