@@ -68,10 +68,19 @@ impl Gateway {
     }
 }
 
-/// OpenAI's rate-limit headers for `quota`, replacing the upstream's of the same names.
+/// OpenAI's rate-limit headers for `quota`, replacing the upstream's of the same names. The
+/// upstream's token headers go even when no token budget applies (a request budget only):
+/// its account's limits are not the caller's.
 pub fn quota_headers(response: &mut ResponseHeader, quota: &Quota) -> Result<()> {
     for (names, line) in [(TOKENS, quota.tokens), (REQUESTS, quota.requests)] {
-        let Some(line) = line else { continue };
+        let Some(line) = line else {
+            if names == TOKENS {
+                for name in names {
+                    response.remove_header(name);
+                }
+            }
+            continue;
+        };
         let Line {
             limit,
             remaining,

@@ -63,6 +63,12 @@ pub async fn over_budget(
     let head_only = session.req_header().method == Method::HEAD;
     let message = Some(refusal.message.as_str());
     e.respond_with(session, ctx.request_id.as_str(), head_only, message, |h| {
+        // A window that ends in more than a minute will not have room by an SDK's retry:
+        // the OpenAI SDKs honour this rather than retrying (Node's would sleep out a
+        // Retry-After of hours).
+        if refusal.retry_after > 60 {
+            h.insert_header("x-should-retry", "false")?;
+        }
         quota_headers(h, &refusal.quota)
     })
     .await?;

@@ -71,6 +71,10 @@ async fn a_budgeted_caller_gets_openais_headers_and_a_429_naming_the_window() {
     let now = testkit::idp::unix_now() as u64;
     let to_midnight = 86_400 - now % 86_400;
     assert!(retry.abs_diff(to_midnight) <= 5, "{retry} vs {to_midnight}");
+    // Hours away: the SDKs are told not to retry (Node's would sleep out the Retry-After).
+    if retry > 60 {
+        assert_eq!(header(&headers, "x-should-retry"), Some("false"));
+    }
     assert_eq!(header(&headers, "x-ratelimit-remaining-tokens"), Some("10"));
     assert_eq!(
         fx.chats_upstream(),
@@ -84,6 +88,17 @@ async fn a_budgeted_caller_gets_openais_headers_and_a_429_naming_the_window() {
         ),
         1.0
     );
+    // A request budget alone: the request triple is the budget's, and the upstream's
+    // account-wide token headers are not passed on as if they were the caller's.
+    let (counted, _) = key(&gw, &["--requests-per-day", "5"]);
+    let (status, headers, _) = stream_chat(gw.port, &counted, Some(9));
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "x-ratelimit-limit-requests"), Some("5"));
+    assert_eq!(
+        header(&headers, "x-ratelimit-remaining-requests"),
+        Some("4")
+    );
+    assert_eq!(header(&headers, "x-ratelimit-limit-tokens"), None);
     // A caller without a budget gets the upstream's headers untouched.
     let (free, _) = key(&gw, &[]);
     let (status, headers, _) = stream_chat(gw.port, &free, Some(9));
