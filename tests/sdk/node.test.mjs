@@ -4,7 +4,10 @@
 //   PORTCULLIS_URL    the gateway, e.g. http://127.0.0.1:PORT
 //   PORTCULLIS_TOKEN  a bearer token with the infer, chatx and embed scopes (an ak_ key or a JWT)
 //   PORTCULLIS_METRICS_URL  the gateway's Prometheus endpoint (for the metering tests)
+// and, for the budget tests (once per run; without them they are not defined):
+//   PORTCULLIS_CLI, PORTCULLIS_CONFIG  the gateway binary and its config, to make budgeted keys
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { test } from 'node:test';
 
 import OpenAI from 'openai';
@@ -178,3 +181,79 @@ test('a bad key raises AuthenticationError (401)', { timeout: 30_000 }, async ()
     (err) => err instanceof OpenAI.AuthenticationError && err.status === 401,
   );
 });
+
+// Budgets (issue 22, docs/budgets.md): a budgeted key's responses carry OpenAI's x-ratelimit-*
+// headers for its budget; a request that does not fit is refused with 429 budget_exceeded and
+// Retry-After. The budget is computed from the body the SDK really sends (measured by sending
+// the same request with PORTCULLIS_TOKEN, which has no budget): the gateway reserves
+// ceil(body bytes / 4) + max_tokens (run.py's [budgets] prompt_bytes_per_token = 4).
+const CLI = process.env.PORTCULLIS_CLI;
+const CONFIG = process.env.PORTCULLIS_CONFIG;
+if (CLI && CONFIG) {
+  const MAX_TOKENS = 16;
+  const SLACK_S = 5; // a reset or Retry-After may differ this much from our clock's midnight
+  const request = { model: 'alpha3.6-vl', max_tokens: MAX_TOKENS, messages: [{ role: 'user', content: 'node budget check' }] };
+  const toMidnight = () => 86_400 - (Math.floor(Date.now() / 1000) % 86_400);
+  // A client whose fetch records the size of each body it sends.
+  const recording = (apiKey, sizes, maxRetries = 0) => new OpenAI({
+    baseURL: `${GATEWAY}/v1/infer/v1`, apiKey, maxRetries, timeout: 20_000,
+    fetch: (url, init) => {
+      sizes.push(init?.body == null ? 0 : Buffer.byteLength(init.body));
+      return fetch(url, init);
+    },
+  });
+  const assertReset = (value, what) => {
+    const m = /^(?:(\d+)h)?(?:(\d+)m)?(\d+)s$/.exec(value ?? '');
+    assert.ok(m, `${what}: ${value} is not an OpenAI duration like 13h2m5s`);
+    const s = Number(m[1] ?? 0) * 3600 + Number(m[2] ?? 0) * 60 + Number(m[3]);
+    assert.ok(Math.abs(s - toMidnight()) <= SLACK_S, `${what}: ${value} is not the ${toMidnight()} s to UTC midnight`);
+  };
+  const budget = {};
+
+  test('budgets: withResponse() on a tokens_per_day key: x-ratelimit-*-tokens give the budget, what the reservation leaves and the time to UTC midnight', { timeout: 30_000 }, async () => {
+    const sizes = [];
+    const free = await recording(TOKEN, sizes).chat.completions.create(request).withResponse();
+    assert.equal(free.response.headers.get('x-ratelimit-limit-tokens'), '150000000', "a caller without a budget gets the upstream's headers");
+    const used = free.data.usage.prompt_tokens + free.data.usage.completion_tokens;
+    const reserve = Math.ceil(sizes[0] / 4) + MAX_TOKENS;
+    // Room for exactly one request: the first leaves used - 1; charged `used` (or still holding
+    // its reservation), it leaves no room for a second.
+    budget.limit = reserve + used - 1;
+    const out = execFileSync(CLI, ['keys', 'create', '--config', CONFIG, '--name', 'sdk-node-budget',
+      '--scopes', 'infer', '--tokens-per-day', String(budget.limit)], { encoding: 'utf8' });
+    budget.key = out.trim().split('\n').at(-1);
+    budget.id = /^ak_([0-9a-f]{16})\./.exec(budget.key)[1];
+    const mine = [];
+    const { data, response } = await recording(budget.key, mine).chat.completions.create(request).withResponse();
+    assert.deepEqual(mine, sizes, 'the same body as measured');
+    assert.equal(data.choices[0].message.content, 'Echo: node budget check');
+    assert.equal(response.headers.get('x-ratelimit-limit-tokens'), String(budget.limit));
+    assert.equal(response.headers.get('x-ratelimit-remaining-tokens'), String(budget.limit - reserve));
+    assertReset(response.headers.get('x-ratelimit-reset-tokens'), 'x-ratelimit-reset-tokens');
+  });
+
+  test('budgets: the next request rejects with OpenAI.RateLimitError, status 429, budget_exceeded, retry-after the seconds to UTC midnight', { timeout: 30_000 }, async () => {
+    assert.ok(budget.key, 'no budgeted key (the previous test failed)');
+    const sizes = [];
+    await assert.rejects(recording(budget.key, sizes).chat.completions.create(request), (err) => {
+      budget.err = err;
+      assert.ok(err instanceof OpenAI.RateLimitError, `${err?.constructor?.name}: ${err}`);
+      assert.equal(err.status, 429);
+      assert.equal(err.error, 'budget_exceeded', "the SDK's err.error: the body's error member");
+      const retry = Number(err.headers.get('retry-after'));
+      assert.ok(Number.isInteger(retry) && Math.abs(retry - toMidnight()) <= SLACK_S,
+        `retry-after ${err.headers.get('retry-after')}, not the ${toMidnight()} s to UTC midnight`);
+      assert.equal(err.headers.get('x-ratelimit-limit-tokens'), String(budget.limit));
+      assertReset(err.headers.get('x-ratelimit-reset-tokens'), 'x-ratelimit-reset-tokens');
+      return true;
+    });
+    assert.equal(sizes.length, 1, 'one request sent (maxRetries: 0)');
+  });
+
+  test('budgets: the RateLimitError message names tokens_per_day (needs an OpenAI-shaped error body: the SDK reads error.message only)', async () => {
+    assert.ok(budget.err, 'no RateLimitError (the previous test failed)');
+    // The SDK's message is `429 ` + body.error.message (OpenAI's shape) or JSON of body.error;
+    // it keeps nothing else of the body. Ours is {"error":"budget_exceeded","message":…}.
+    assert.match(budget.err.message, new RegExp(`tokens_per_day budget of key ${budget.id} exhausted`));
+  });
+}

@@ -6,7 +6,8 @@ testkit/src/upstream/model.rs), a real OpenID Provider (tests/sdk/idp.mjs, npm o
 9.x) and the real gateway binary in front of the upstream, with API keys made by the real CLI.
 Then it drives the gateway with the official `openai` Python SDK, the official `openai` Node SDK
 (tests/sdk/node.test.mjs) and tokens from the provider, printing one line per check and, last,
-exactly `N passed, N failed`.
+exactly `N passed, N failed`. The gateway enforces budgets ([budgets]); the budget checks
+(tests/sdk/budgets.py and the Node file's) make budgeted keys of their own.
 
 Run through scripts/sdk-tests.sh, which installs the SDKs; by hand:
     .venv/bin/python tests/sdk/run.py [--bin target/debug/portcullis]
@@ -41,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (  # noqa: E402  (tests/harness.py)
     CheckFailed, Child, Results, expect, expect_eq, finish, free_port, tail)
 from metering import METRICS_WAIT, metering_checks, settled_token_counts, token_counts  # noqa: E402
+from budgets import BUDGETS_TOML, budget_checks, wait_for_a_whole_day  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SDK_DIR = os.path.join(ROOT, "tests", "sdk")
@@ -238,6 +240,7 @@ database = "{key_store}"
 issuer = "{issuer}"
 audience = "{AUDIENCE}"
 
+{BUDGETS_TOML}
 {services}""")
         self.child = Child("gateway", [binary, "serve", "--config", self.config],
                            os.path.join(tmp, "gateway.log"), wait_listening=False,
@@ -259,9 +262,10 @@ audience = "{AUDIENCE}"
                                    f"log:\n{tail(self.child.log_path)}")
             time.sleep(0.05)
 
-    def create_key(self, name, scopes):
+    def create_key(self, name, scopes, *flags):
+        """A key made by the real CLI; `flags`: more `keys create` flags (a budget)."""
         out = subprocess.run([self.binary, "keys", "create", "--config", self.config,
-                              "--name", name, "--scopes", scopes],
+                              "--name", name, "--scopes", scopes, *flags],
                              capture_output=True, text=True, timeout=30, cwd=ROOT)
         if out.returncode != 0:
             raise RuntimeError(f"keys create failed ({out.returncode}): {out.stderr}")
@@ -569,9 +573,19 @@ def run_sdk_suite(res, gw, label, token, scoped):
         res.check(f"[py {label}] {name}", fn)
 
 
-def run_node_suite(res, gw, label, token, tmp):
+def run_budget_suite(res, gw, free_token):
+    """The budget checks (tests/sdk/budgets.py), once: `free_token` has no budget."""
+    print(f"budgets: {wait_for_a_whole_day()}", flush=True)
+    for name, fn in budget_checks(gw, free_token):
+        res.check(f"[py budgets] {name}", fn)
+
+
+def run_node_suite(res, gw, label, token, tmp, budgets=False):
+    """`budgets`: also the Node budget tests, which make their keys with the gateway's CLI."""
     env = {**os.environ, "PORTCULLIS_URL": gw.url, "PORTCULLIS_TOKEN": token,
            "PORTCULLIS_METRICS_URL": gw.metrics_url}
+    if budgets:
+        env.update(PORTCULLIS_CLI=os.path.abspath(gw.binary), PORTCULLIS_CONFIG=gw.config)  # node runs in SDK_DIR
     log = os.path.join(tmp, f"node-{label}.log")
     try:
         out = subprocess.run(["node", "--test", "--test-reporter=tap", os.path.join(SDK_DIR, "node.test.mjs")],
@@ -755,7 +769,8 @@ def main():
 
         code_token, cc_token = idp_checks(res, gw, idp)
         run_sdk_suite(res, gw, "api-key", key_all, key_embed)
-        run_node_suite(res, gw, "api-key", key_all, tmp)
+        run_budget_suite(res, gw, key_all)
+        run_node_suite(res, gw, "api-key", key_all, tmp, budgets=True)
         if code_token and cc_token:
             # cc_token holds infer+embed only: its chatx call must give 403.
             run_sdk_suite(res, gw, "jwt", code_token, cc_token)

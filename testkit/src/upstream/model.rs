@@ -12,7 +12,9 @@
 //!   POST …/embeddings        1024 values per input, the same for the same text, L2-normalised
 //!   other GET and POST       404; other methods 501
 //! A token is a fragment: a run of non-space characters and the spaces after it. Every answer
-//! carries `Set-Cookie: demo_session=abc`, which the gateway in front must strip.
+//! carries `Set-Cookie: demo_session=abc`, which the gateway in front must strip, and OpenAI's
+//! account-wide `x-ratelimit-*` headers (`RATE_LIMIT_HEADERS`), which a gateway with budgets
+//! must replace for a budgeted caller and pass untouched to any other.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,6 +31,7 @@ mod text;
 
 use self::python::{py_str, py_truthy, PyRandom};
 use self::text::fragments;
+use super::openai::RATE_LIMIT_HEADERS;
 use super::wire::{write_chunk, write_json};
 use super::{Hit, State, StreamLog};
 
@@ -128,7 +131,8 @@ pub(super) async fn answer(conn: &mut TcpStream, req: &Hit, state: &State, model
 /// Header lines every answer carries.
 fn common_headers(state: &State) -> String {
     format!(
-        "server: DemoUpstream/1.0\r\nset-cookie: demo_session=abc; Path=/\r\nx-demo-upstream: {}\r\n",
+        "server: DemoUpstream/1.0\r\nset-cookie: demo_session=abc; Path=/\r\nx-demo-upstream: {}\r\n\
+         {RATE_LIMIT_HEADERS}",
         state.name
     )
 }
