@@ -30,7 +30,6 @@ MIDNIGHT_MARGIN = 180       # closer than this to 00:00Z the checks wait for the
 # OpenAI's own account limits, as the fake upstream sends them (testkit RATE_LIMIT_HEADERS).
 UPSTREAM_LIMIT_TOKENS = "150000000"
 UPSTREAM_LIMIT_REQUESTS = "30000"
-AWAITS_SHAPE = " (needs an OpenAI-shaped error body: the SDK reads error.message only)"
 TOKENS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
 REQUESTS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")
 
@@ -194,13 +193,15 @@ def budget_checks(gw, free_token):
     def sdk_message():
         e = state.get("refusal")
         expect(e is not None, "no RateLimitError (the previous check failed)")
-        message = e.response.json().get("message")
-        # The SDK writes `Error code: 429` plus the body's error.message, OpenAI's shape
-        # ({"error": {"message", "type", "code"}}); it keeps `error` as .body. Ours is
-        # {"error": "budget_exceeded", "message": …} (interface.md), so neither shows it.
-        expect(message and message in str(e),
-               f"str(e) is {str(e)!r} and e.body {e.body!r}: the gateway's message is only in e.response")
-        return str(e)
+        # The SDK keeps the body's `error` as .body: our code, pinned by interface.md as a
+        # string ({"error": "budget_exceeded", "message": …}). It prints error.message only
+        # from OpenAI's nested shape, so the message is read from the response it keeps.
+        expect_eq(e.body, "budget_exceeded", "RateLimitError.body (the error code)")
+        expect_eq(e.code, None, "RateLimitError.code (set from OpenAI's nested shape only)")
+        message = e.response.json().get("message") or ""
+        expect("tokens_per_day" in message and "resets at" in message,
+               f"e.response.json()['message'] names the window and its reset: {message!r}")
+        return f"str(e) {str(e)!r}; e.body {e.body!r}; message {message!r}"
 
     def default_retries():
         expect("key" in state, "no budgeted key")
@@ -282,7 +283,8 @@ def budget_checks(gw, free_token):
          "reservation leaves and the time to UTC midnight", tokens_headers),
         ("the next request raises RateLimitError 429 budget_exceeded, the message naming tokens_per_day, "
          "Retry-After the seconds to UTC midnight", refused),
-        (f"the RateLimitError's own message (str(e)) names tokens_per_day{AWAITS_SHAPE}", sdk_message),
+        ("the RateLimitError carries the code as .body and the message naming tokens_per_day in "
+         ".response", sdk_message),
         ("with the SDK's default retries the refusal is still RateLimitError", default_retries),
         ("stream=True on a tokens_per_day key: x-ratelimit-*-tokens on the event stream", stream_headers),
         ("stream=True past the budget raises RateLimitError from create(), before any chunk", stream_refused),

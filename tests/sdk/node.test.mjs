@@ -250,10 +250,26 @@ if (CLI && CONFIG) {
     assert.equal(sizes.length, 1, 'one request sent (maxRetries: 0)');
   });
 
-  test('budgets: the RateLimitError message names tokens_per_day (needs an OpenAI-shaped error body: the SDK reads error.message only)', async () => {
+  test('budgets: the RateLimitError carries the budget_exceeded code and the headers that say when to come back', async () => {
     assert.ok(budget.err, 'no RateLimitError (the previous test failed)');
-    // The SDK's message is `429 ` + body.error.message (OpenAI's shape) or JSON of body.error;
-    // it keeps nothing else of the body. Ours is {"error":"budget_exceeded","message":…}.
-    assert.match(budget.err.message, new RegExp(`tokens_per_day budget of key ${budget.id} exhausted`));
+    // The SDK keeps the body's `error` (our code, a string as interface.md pins it) and
+    // writes `429 "budget_exceeded"`; it reads a message only from OpenAI's nested shape.
+    assert.equal(budget.err.error, 'budget_exceeded');
+    assert.match(budget.err.message, /^429 "budget_exceeded"$/);
+    assert.ok(Number(budget.err.headers.get('x-ratelimit-remaining-tokens')) >= 0);
+  });
+
+  test('budgets: with the SDK\'s default retries a refusal hours from its reset still rejects at once (x-should-retry: false)', { timeout: 30_000 }, async () => {
+    assert.ok(budget.key, 'no budgeted key (an earlier test failed)');
+    if (toMidnight() <= 60) return; // the window ends within a minute: a retry is allowed then
+    const sizes = [];
+    const started = Date.now();
+    await assert.rejects(recording(budget.key, sizes, 2).chat.completions.create(request), (err) => {
+      assert.ok(err instanceof OpenAI.RateLimitError, `${err?.constructor?.name}: ${err}`);
+      assert.equal(err.headers.get('x-should-retry'), 'false');
+      return true;
+    });
+    assert.equal(sizes.length, 1, 'the SDK did not retry');
+    assert.ok(Date.now() - started < 10_000, 'rejected without sleeping out Retry-After');
   });
 }
