@@ -11,7 +11,14 @@ With the argument `streams` it counts a streamed chat (the fast upstream's 16-ch
 stream) through one gateway instead, metering off (`infer`), on (`metered`, api = "openai", the
 client sending no stream_options) and asked (`metered`, the client asking include_usage):
   ir_stream_off, ir_stream_on, ir_stream_asked   instructions per request, whole process
-(profiles stream-off.out, stream-on.out, stream-asked.out). Either way it keeps the raw profiles under $OUT (default bench-results/callgrind/) for
+(profiles stream-off.out, stream-on.out, stream-asked.out). With the argument `budgets` it counts
+the chat POST through one gateway with [budgets] and [rate_limits] redis (a redis-server of its
+own), by a key without budget and by a budgeted one (stages_budgets.py):
+  ir_budget_plain, ir_budget_tokens   service `metered` (api = "openai"): no budget, and
+                                      tokens_per_day (a reserve and an adjust script through Redis)
+  ir_budget_infer, ir_budget_rpd      service `infer` (no api): no budget, and requests_per_day
+                                      (a reserve script only)
+(profiles budget-*.out). Either way it keeps the raw profiles under $OUT (default bench-results/callgrind/) for
 callgrind_annotate. Knobs: CG_REQUESTS (2000), CG_WARMUP (300); BIN, EX and FLOOR to reuse
 binaries already built (otherwise it builds them). The load benchmark (run.py) uses measure()
 and create_key().
@@ -24,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from common import (
@@ -43,6 +51,14 @@ STREAM_BODY = BODY[:-1] + ',"stream":true}'
 STREAM_USAGE_BODY = BODY[:-1] + ',"stream":true,"stream_options":{"include_usage":true}}'
 # (name, service, body): the streamed chats counted by measure_streams.
 STREAM_RUNS = [("off", "infer", STREAM_BODY), ("on", "metered", STREAM_BODY), ("asked", "metered", STREAM_USAGE_BODY)]
+# (name, service, the key's budget flags): the chats counted by measure_budgets. The limits are
+# far above anything the count can use: never refused.
+BUDGET_RUNS = [
+    ("plain", "metered", []),
+    ("tokens", "metered", ["--tokens-per-day", "1000000000000000"]),
+    ("infer", "infer", []),
+    ("rpd", "infer", ["--requests-per-day", "1000000000000"]),
+]
 # An async hook's cost is in its future's poll (`…::hook::{{closure}}`) plus the boxing in
 # `…::hook`; both are summed under the hook's name.
 HOOK = re.compile(r"Gateway as pingora_proxy::proxy_trait::ProxyHttp>::")
@@ -53,16 +69,19 @@ def ensure_valgrind(log):
         apt_install(["valgrind"], log)
 
 
-def measure(tools, out_dir, requests, warmup, log, streams=False):
+def measure(tools, out_dir, requests, warmup, log, streams=False, budgets=False):
     """{ir_floor, ir_key, hook_<name>…}: instructions per request of the patched floor and the
     gateway, and of each of the gateway's hooks; profiles left in out_dir. With streams:
-    {ir_stream_off, ir_stream_on, ir_stream_asked} instead (Session.run_streams)."""
+    {ir_stream_off, ir_stream_on, ir_stream_asked} instead (Session.run_streams); with budgets:
+    {ir_budget_<name>} of BUDGET_RUNS (Session.run_budgets)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="portcullis-callgrind.") as work:
         procs = Processes()
         try:
             session = Session(tools, Path(work), out_dir, requests, warmup, procs, log)
+            if budgets:
+                return session.run_budgets()
             return session.run_streams() if streams else session.run()
         finally:
             procs.close()
@@ -112,36 +131,72 @@ class Session:
         up_port = self.start_upstream()
         gw_port = free_port()
         config = self.work / "portcullis.toml"
-        config.write_text(self.gateway_config(gw_port, up_port) + f"""[services.metered]
+        config.write_text(self.gateway_config(gw_port, up_port) + self.metered(up_port))
+        self.key = create_key(self.tools.gateway, config, "callgrind")
+        self.log(f"gateway under callgrind, streamed chats off / on / asked ({self.requests} each after {self.warmup})")
+        runs = [(name, service, body, self.key) for name, service, body in STREAM_RUNS]
+        return self.count_runs("stream", config, gw_port, runs)
+
+    def run_budgets(self):
+        """One gateway with [budgets] and [rate_limits] redis under callgrind (a redis-server
+        of its own, not under it); each of BUDGET_RUNS by its own key, warmed up, then counted
+        alone. The Redis client's work is in the gateway's count, Redis's own is not."""
+        up_port = self.start_upstream()
+        redis_port = free_port()
+        self.procs.start(["redis-server", "--port", redis_port, "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--dir", self.work],
+                         stdout=self.work / "redis.log", stderr=subprocess.STDOUT)
+        for _ in range(100):
+            ping = subprocess.run(["redis-cli", "-p", str(redis_port), "ping"], capture_output=True, text=True)
+            if ping.stdout.strip() == "PONG":
+                break
+            time.sleep(0.1)
+        else:
+            raise BenchError(f"redis-server did not start: {read_text(self.work / 'redis.log')}")
+        gw_port = free_port()
+        config = self.work / "portcullis.toml"
+        config.write_text(self.gateway_config(gw_port, up_port) + self.metered(up_port)
+                          + f'[budgets]\n[rate_limits]\nredis = "redis://127.0.0.1:{redis_port}"\n')
+        runs = [(name, service, BODY, create_key(self.tools.gateway, config, f"callgrind-{name}", *flags))
+                for name, service, flags in BUDGET_RUNS]
+        self.log(f"gateway under callgrind, chats without and with budgets ({self.requests} each after {self.warmup})")
+        return self.count_runs("budget", config, gw_port, runs)
+
+    @staticmethod
+    def metered(up_port):
+        return f"""[services.metered]
 upstream = "http://127.0.0.1:{up_port}"
 scope = "infer"
 api = "openai"
-""")
-        self.key = create_key(self.tools.gateway, config, "callgrind")
-        self.log(f"gateway under callgrind, streamed chats off / on / asked ({self.requests} each after {self.warmup})")
+"""
+
+    def count_runs(self, kind, config, gw_port, runs):
+        """The gateway under callgrind; each run (name, service, body, key) warmed up, then
+        counted alone between a zeroing and a dump of the counters → {ir_<kind>_<name>}, the
+        profiles in OUT/<kind>-<name>.out."""
         proc = self.procs.start(
             # Each dump its own whole profile: names not compressed against an earlier dump.
-            ["valgrind", "--tool=callgrind", "--compress-strings=no", f"--callgrind-out-file={self.work}/stream.%p",
+            ["valgrind", "--tool=callgrind", "--compress-strings=no", f"--callgrind-out-file={self.work}/{kind}.%p",
              self.tools.gateway, "serve", "--config", config],
-            stdout=self.work / "stream.log",
+            stdout=self.work / f"{kind}.log",
             stderr=subprocess.STDOUT,
         )
         wait_http(f"http://127.0.0.1:{gw_port}/healthz", 60)
-        for _, service, body in STREAM_RUNS:
-            self.drive(gw_port, self.warmup, service, body)
+        for _, service, body, key in runs:
+            self.drive(gw_port, self.warmup, service, body, key)
         figures = {}
-        for name, service, body in STREAM_RUNS:
+        for name, service, body, key in runs:
             control("-z", proc.pid)
-            self.drive(gw_port, self.requests, service, body)
+            self.drive(gw_port, self.requests, service, body, key)
             control("-d", proc.pid)
-            dumps = sorted(self.work.glob(f"stream.{proc.pid}*"))
+            dumps = sorted(self.work.glob(f"{kind}.{proc.pid}*"))
             if not dumps:
-                raise BenchError(f"callgrind wrote no profile for the {name} streams")
-            target = self.out / f"stream-{name}.out"
+                raise BenchError(f"callgrind wrote no profile for the {kind} run {name}")
+            target = self.out / f"{kind}-{name}.out"
             shutil.move(dumps[-1], target)
             for old in dumps[:-1]:
                 old.unlink()
-            figures[f"ir_stream_{name}"] = total_instructions(target) // self.requests
+            figures[f"ir_{kind}_{name}"] = total_instructions(target) // self.requests
         self.procs.stop(proc, sig=signal.SIGKILL, grace_s=5)
         return figures
 
@@ -163,13 +218,14 @@ upstream = "http://127.0.0.1:{up_port}"
 scope = "infer"
 """
 
-    def drive(self, port, count, service="infer", body=BODY):
-        """count sequential chat POSTs through port, each checked to be a 200 by loadgen."""
+    def drive(self, port, count, service="infer", body=BODY, key=None):
+        """count sequential chat POSTs through port (by the session's key unless `key`), each
+        checked to be a 200 by loadgen."""
         done = subprocess.run(
             [
                 str(self.tools.loadgen), "count", "--addr", f"127.0.0.1:{port}", "--method", "POST",
                 "--path", f"/v1/{service}/v1/chat/completions",
-                "--header", f"authorization: Bearer {self.key}", "--header", "content-type: application/json",
+                "--header", f"authorization: Bearer {key or self.key}", "--header", "content-type: application/json",
                 "--body", body, "--count", str(count),
             ],
             stdout=subprocess.DEVNULL,
@@ -234,10 +290,11 @@ def total_instructions(profile):
     raise BenchError(f"no summary line in {profile}")
 
 
-def create_key(gateway, config, name):
-    """A new API key with scope `infer` from `portcullis keys create` (its last line)."""
+def create_key(gateway, config, name, *flags):
+    """A new API key with scope `infer` from `portcullis keys create` (its last line); flags:
+    more of its arguments (a budget's limits)."""
     out = subprocess.run(
-        [str(gateway), "keys", "create", "--config", str(config), "--name", name, "--scopes", "infer"],
+        [str(gateway), "keys", "create", "--config", str(config), "--name", name, "--scopes", "infer", *flags],
         capture_output=True,
         text=True,
     ).stdout.strip().splitlines()
@@ -255,10 +312,11 @@ def main():
         print(f"callgrind: {message}", file=sys.stderr, flush=True)
 
     streams = sys.argv[1:] == ["streams"]
+    budgets = sys.argv[1:] == ["budgets"]
     try:
         ensure_valgrind(log)
         if not os.environ.get("BIN"):
-            binaries.build(log, unpatched_floor=False, floor=not streams)
+            binaries.build(log, unpatched_floor=False, floor=not (streams or budgets))
         tools = binaries.Tools.built(os.environ.get("BIN"), os.environ.get("EX"), os.environ.get("FLOOR"))
         figures = measure(
             tools,
@@ -267,6 +325,7 @@ def main():
             int(os.environ.get("CG_WARMUP", "300")),
             log,
             streams=streams,
+            budgets=budgets,
         )
     except BenchError as e:
         print(f"callgrind: error: {e}", file=sys.stderr)

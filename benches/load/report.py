@@ -84,7 +84,7 @@ def metering_rows(raw, facts):
 def metering_method(facts):
     f = facts
     return [
-        f"Metering on a streamed chat: the fast upstream answers a chat POST with \"stream\": true by a",
+        "Metering on a streamed chat: the fast upstream answers a chat POST with \"stream\": true by a",
         f"text/event-stream of {f.get('stream_events', '?')} OpenAI chat.completion.chunk events ({f.get('stream_bytes', '?')} bytes "
         "to the client) and `data: [DONE]`,",
         "written at once; with include_usage in the request, `\"usage\":null` in every chunk and a usage-only",
@@ -98,6 +98,86 @@ def metering_method(facts):
         f"of the two ways, median (min–max) of {f['meter_rounds']} rounds. Instructions: one gateway under",
         f"callgrind, {f['cg_requests'] // 2} sequential streamed chats of each kind after {f['cg_warmup']} of warm-up.",
     ]
+
+
+def budget_rows(raw, facts):
+    """The rows of budgets with Redis on a chat (stages_budgets.py)."""
+    m = raw.median
+    rate = facts.get("budget_rate", "?")
+    tok = m("budget_tokens")
+    p50 = {t: m(f"bp50_{t}") for t in ("bud_plain", "bud_tokens")}
+    p99 = {t: m(f"bp99_{t}") for t in ("bud_plain", "bud_tokens")}
+    added = [num(v) for v in raw.values("budget_added99") if num(v) == num(v)]
+    added_ms = f"{ms(m('budget_added99'))} ({min(added) / 1000:.3f} to {max(added) / 1000:.3f})" if added else "n/a"
+    cpu = {t: "%.1f + %.1f" % (num(m(f"bcpu_user_{t}")), num(m(f"bcpu_sys_{t}"))) for t in ("bud_plain", "bud_tokens")}
+    ir = {n: m(f"ir_budget_{n}") for n in ("plain", "tokens", "infer", "rpd")}
+    return [
+        "| paired CPU per request, chat by a key with tokens_per_day through Redis (reserve + adjust) "
+        f"÷ by a key without budget | | | {spread(raw, 'budget_tokens')} | | | ≤ 1.10× | {ok(num(tok) <= 1.10)} |",
+        f"| … without budget ÷ without budget (the pairing's own spread) | | | {spread(raw, 'budget_aa')} | | | | |",
+        "| … requests_per_day key on a service without api (reserve only) ÷ without budget | | | "
+        f"{spread(raw, 'budget_rpd')} | | | | |",
+        "| proxy CPU per chat in the pairs (µs): metered without / with tokens_per_day; infer without / with "
+        f"requests_per_day | | | {m('budget_tokens_base_us')} / {m('budget_tokens_us')}; {m('budget_rpd_base_us')} / "
+        f"{m('budget_rpd_us')} | | | | |",
+        f"| p50 / p99 at {rate} req/s, chat by a key without budget (ms) | | | "
+        f"{ms(p50['bud_plain'])} / {ms(p99['bud_plain'])} | | | | |",
+        f"| p50 / p99 at {rate} req/s, chat by a key with tokens_per_day through Redis (ms) | | | "
+        f"{ms(p50['bud_tokens'])} / {ms(p99['bud_tokens'])} | | | | |",
+        f"| loadgen's sends behind schedule at {rate} req/s, p99, without / with budget (ms): the core kept up "
+        f"if small | | | {ms(m('bplag_bud_plain'))} / {ms(m('bplag_bud_tokens'))} | | | | |",
+        f"| p99 added by the budget at {rate} req/s, within a round (ms) | | | {added_ms} | | "
+        f"| ≤ 0.5 ms | {ok(num(m('budget_added99')) <= 500)} |",
+        f"| proxy CPU per chat at {rate} req/s, user + system, without / with budget (µs) | | | "
+        f"{cpu['bud_plain']} / {cpu['bud_tokens']} | | | | |",
+        "| instructions per chat (callgrind): metered without / with tokens_per_day; infer without / with "
+        f"requests_per_day | | | {whole(ir['plain'])} / {whole(ir['tokens'])}; {whole(ir['infer'])} / {whole(ir['rpd'])} "
+        f"| | | {ratio(ir['tokens'], ir['plain'])}×; {ratio(ir['rpd'], ir['infer'])}× | |",
+    ]
+
+
+def budget_method(facts):
+    f = facts
+    return [
+        "Budgets: two gateways of their own on the proxy core, the config above plus `[budgets]` (reserve, the",
+        "defaults) with its `[rate_limits] redis`, so the counters are shared through the redis-server on the",
+        "client core. Keys made with `portcullis keys create`: one without budget, one with `--tokens-per-day",
+        "1000000000000000`, one with `--requests-per-day 1000000000000` (never refused). The chat POST states",
+        f"max_tokens: {f.get('budget_reserved', '?')} tokens reserved (body bytes ÷ 4 + max_tokens), "
+        f"{f.get('budget_charged', '?')} charged once the upstream's usage is read,",
+        "so a budgeted chat on `metered` (api = \"openai\") runs a reserve script before forwarding and an adjust",
+        "script after the response, one on `infer` (no api) with requests_per_day the reserve script only (checked",
+        "before the rounds through Redis's command counts, with the headers and the settled charge). Paired like",
+        f"the metering: the two gateways at once, two `wrk -t1 -c32` for {f.get('budget_seconds', '?')} s each way round, CPU per request",
+        f"of the budgeted key ÷ the key without budget, geometric mean of the two ways, median (min–max) of {f.get('budget_rounds', '?')}",
+        f"rounds; Redis ran {f.get('budget_pair_scripts', '?')} scripts during them. Latency: `loadgen rate` at "
+        f"{f.get('budget_rate', '?')} req/s on 16 connections for",
+        f"{f.get('budget_seconds', '?')} s after 1 s of warm-up to one of the gateways alone on the core, the two keys in turn (the first",
+        "alternating by round); the added p99 is the budgeted run's p99 less the other's of the same round, median",
+        "(min–max); CPU per chat there is the gateway's user and system time over the requests served. Decided",
+        f"per process instead of through Redis: {f.get('budget_backend_errors', '?')} request(s), "
+        f"{f.get('budget_fallback_warnings', '?')} warning(s). Instructions: one gateway",
+        f"under callgrind with a redis-server of its own, {f['cg_requests'] // 2} sequential chats by each key after "
+        f"{f['cg_warmup']} (profiles in bench-results/callgrind/budget-*.out).",
+    ]
+
+
+def render_budgets(raw, facts):
+    """The report of ONLY=budgets."""
+    f = facts
+    lines = [
+        f"Portcullis budgets benchmark, {f['date']}, {f['commit']},",
+        f"{f['cores']} cores ({f['cpu_model']}), Linux {f['kernel']}, load average at start {f['load_at_start']}.",
+        f"Gateways on core {f['proxy_cpu']}; wrk/loadgen, the upstream and Redis on core {f['client_cpu']}.",
+        "",
+        "| measure | | | Portcullis | | | target | |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+        *budget_rows(raw, f),
+        "",
+        *budget_method(f),
+        f"Whole run: {f['elapsed']} s.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def render_metering(raw, facts):
@@ -173,6 +253,7 @@ def render(raw, facts):
         f"| paired req/s ÷ without, Redis rate limit | | | {PD}× | | | ≥ 0.8× | {ok(num(PD) >= 0.8)} |",
         f"| paired req/s ÷ without, model policy | | | {PP}× | | | ≥ 0.9× | {ok(num(PP) >= 0.9)} |",
         *metering_rows(raw, f),
+        *budget_rows(raw, f),
         f"| p50 at {frate} req/s, dead replica first, one failover each (ms) | | | {ms(F1)} | | "
         f"| added ≤ 1 ms ({ms(FADD)} over {ms(F0)}) | {ok(num(FADD) <= 1000)} |",
         f"| proxy CPU per request, API key (µs) | {cpu['direct']} | {cpu['nginx']} | {cpu['key']} "
@@ -243,6 +324,7 @@ def render(raw, facts):
         f"with one stream held on the live one, least_requests tries the dead one first: {f['failovers']} failed",
         f"connects counted for {requests_failed_over} requests (4 connections, {frate} req/s).",
         *metering_method(f),
+        *budget_method(f),
         f"Vision: `loadgen rate` at {f['vision_rate']} req/s on 4 connections, a {f['vision_bytes']}-byte chat body.",
         f"Gateway: `threads = 1`, access log {f['access_log']}, RUST_LOG=warn; nginx {f['nginx_version']}:",
         "`worker_processes 1`, upstream keepalive 128, access_log off, proxy_buffering off.",

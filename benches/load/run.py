@@ -24,12 +24,18 @@ Targets besides "direct", "nginx", "key" (API key) and "jwt" (RS256):
 - metering on a streamed chat (stages_metering.py): a 16-chunk OpenAI stream through `infer`
   (off) and `metered` (api = "openai", on), paired on one core; also counted under callgrind.
   ONLY=metering runs just that (and the servers it needs), for quick iterations on its cost.
+- budgets with Redis on a chat (stages_budgets.py): two gateways of their own with [budgets] and
+  [rate_limits] redis; a key with tokens_per_day (reserve + adjust scripts) and one with
+  requests_per_day (reserve only) paired on one core with a key without budget, an A/A pair, both
+  keys at BUDGET_RATE (5,000 req/s) with loadgen, and their instructions under callgrind.
+  ONLY=budgets runs just that; knobs BUDGET_ROUNDS, BUDGET_SECONDS, BUDGET_RATE.
 
 This file is the run's flow: the knobs, the order of the stages, the report's facts. Beside it:
 binaries.py (the binaries, their builds, the Debian tools), servers.py (the servers and targets),
 stages_throughput.py (wrk: max req/s, paired rounds), stages_latency.py (loadgen: fixed-rate
 latency, failover, SSE head, vision), stages_footprint.py (held streams' memory, instructions),
-stages_metering.py (metering on vs off on a streamed chat), configs.py, report.py, callgrind.py and common.py.
+stages_metering.py (metering on vs off on a streamed chat), stages_budgets.py (budgets with Redis),
+configs.py, report.py, callgrind.py and common.py.
 """
 
 import datetime
@@ -48,6 +54,7 @@ from binaries import ROOT, Tools, build, install_tools
 from servers import CHAT_BODY, CLIENT_CPU, PROXY_CPU
 from stages_footprint import Footprint
 from stages_latency import Latency
+from stages_budgets import Budgeting
 from stages_metering import Metering
 import report
 
@@ -79,7 +86,10 @@ class Settings:
     meter_rounds: int  # metering pairs: rounds, and seconds of each way of a pair
     meter_seconds: int
     stream_chunks: int  # events of the fast upstream's streamed chat
-    only: str  # "metering": only the metering stage
+    budget_rounds: int  # budgets: paired rounds and fixed-rate rounds
+    budget_seconds: int  # each way of a pair, and each fixed-rate run
+    budget_rate: int  # req/s of the budgets' fixed-rate runs
+    only: str  # "metering" or "budgets": only that stage
     keep_work: bool
 
     @classmethod
@@ -105,15 +115,18 @@ class Settings:
             meter_rounds=knob("METER_ROUNDS", 5),
             meter_seconds=knob("METER_SECONDS", 5),
             stream_chunks=knob("STREAM_CHUNKS", 16),
+            budget_rounds=knob("BUDGET_ROUNDS", 5),
+            budget_seconds=knob("BUDGET_SECONDS", 5),
+            budget_rate=knob("BUDGET_RATE", 5000),
             only=os.environ.get("ONLY", ""),
             keep_work=bool(os.environ.get("KEEP_WORK")),
         )
 
 
-class Bench(Metering, Latency, Footprint):
+class Bench(Metering, Budgeting, Latency, Footprint):
     """One run: starts everything, measures each stage into `raw`, writes the report. The servers
-    and targets are in servers.py, the stages in stages_throughput.py, stages_latency.py and
-    stages_footprint.py."""
+    and targets are in servers.py, the stages in stages_throughput.py, stages_latency.py,
+    stages_footprint.py, stages_metering.py and stages_budgets.py."""
 
     def __init__(self, settings, tools, work, procs, log):
         self.s, self.tools, self.work, self.procs, self.log = settings, tools, work, procs, log
@@ -129,6 +142,8 @@ class Bench(Metering, Latency, Footprint):
         self.configure_gateway()
         if self.s.only == "metering":
             return self.run_metering(begin_wall, load_at_start)
+        if self.s.only == "budgets":
+            return self.run_budgets(begin_wall, load_at_start)
         self.start_nginx()
         self.gateway = self.start_gateway()
         time.sleep(1)
@@ -145,6 +160,7 @@ class Bench(Metering, Latency, Footprint):
         self.redis_check()
         self.sse_head()
         self.vision()
+        self.budgets()  # stages_budgets.py: gateways of its own, after redis_check's count
         # memory and instructions (stages_footprint.py)
         self.loaded_rss = status_kb(self.gateway.pid, "VmRSS")
         self.loaded_hwm = status_kb(self.gateway.pid, "VmHWM")
@@ -152,6 +168,7 @@ class Bench(Metering, Latency, Footprint):
         self.open_streams()
         self.instructions()
         self.metering_instructions()
+        self.budget_instructions()
         return self.write_report(begin_wall, load_at_start)
 
     def run_metering(self, begin_wall, load_at_start):
@@ -163,6 +180,12 @@ class Bench(Metering, Latency, Footprint):
         self.procs.stop(self.twin)
         self.metering_instructions()
         return self.write_report(begin_wall, load_at_start, report.render_metering)
+
+    def run_budgets(self, begin_wall, load_at_start):
+        """ONLY=budgets: the budget gateways, their pairs and latency, their instructions."""
+        self.budgets()
+        self.budget_instructions()
+        return self.write_report(begin_wall, load_at_start, report.render_budgets)
 
     def write_report(self, begin_wall, load_at_start, render=report.render):
         s = self.s
@@ -177,6 +200,7 @@ class Bench(Metering, Latency, Footprint):
             pair_rounds=s.pair_rounds, cg_requests=s.cg_requests, cg_warmup=s.cg_warmup,
             vision_rate=s.vision_rate, access_log=self.access_log, fd_limit=self.fd_limit,
             meter_rounds=s.meter_rounds, meter_seconds=s.meter_seconds,
+            budget_rounds=s.budget_rounds, budget_seconds=s.budget_seconds, budget_rate=s.budget_rate,
             loaded_rss=getattr(self, "loaded_rss", 0), loaded_hwm=getattr(self, "loaded_hwm", 0),
             elapsed=int(time.time() - begin_wall),
         )
@@ -215,7 +239,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="portcullis-bench."))
     try:
         install_tools(log)
-        build(log, floor=not settings.only)  # ONLY=metering runs no floor
+        build(log, floor=not settings.only)  # ONLY=metering or budgets runs no floor
         text = Bench(settings, Tools.built(), work, procs, log).run(begin_wall, load_at_start)
         sys.stdout.write(text)
         return 0

@@ -36,6 +36,9 @@ PAIRED = ["replicas", "redis", "policy"]
 SERVICES = {
     "key": "infer", "jwt": "infer", "policy": "policy", "redis": "limited",
     "replicas": "replicas", "failover": "failover", "meter_off": "infer", "meter_on": "metered",
+    # The budgets stage (stages_budgets.py), on gateways of its own with [budgets]: the same
+    # services, each target by its own key (Servers.token).
+    "bud_plain": "metered", "bud_tokens": "metered", "bud_infer": "infer", "bud_rpd": "infer",
 }
 
 
@@ -174,7 +177,11 @@ class Servers:
         return split_url(self.url(target))[2]
 
     def token(self, target):
-        return self.jwt if target == "jwt" else self.key
+        """The bearer a target is called with: the JWT, a stage's own key (target_keys), or the
+        run's key."""
+        if target == "jwt":
+            return self.jwt
+        return getattr(self, "target_keys", {}).get(target, self.key)
 
     def server_pid(self, target):
         """The process doing the proxying, for CPU per request: nginx's worker, the gateway,

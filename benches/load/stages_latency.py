@@ -17,12 +17,14 @@ class Latency(Servers):
     """Fixed-rate latency stages (part of run.Bench)."""
 
     # ---- fixed-rate latency (loadgen) -------------------------------------------------------
-    def run_rate(self, target, prefix, rate, conns, seconds, body_args):
+    def run_rate(self, target, prefix, rate, conns, seconds, body_args, gw_port=None):
         """A fixed-rate loadgen run of chat POSTs, recording <prefix>50_<target>,
-        <prefix>99_<target> and <prefix>lag_<target> (µs)."""
+        <prefix>99_<target> and <prefix>lag_<target> (µs); gw_port: another gateway than the
+        run's. → loadgen's figures."""
+        port = gw_port or self.port(target)
         out = subprocess.run(
             ["taskset", "-c", str(CLIENT_CPU), str(self.tools.loadgen), "rate",
-             "--addr", f"127.0.0.1:{self.port(target)}", "--method", "POST",
+             "--addr", f"127.0.0.1:{port}", "--method", "POST",
              "--path", f"{self.path(target)}/chat/completions", *body_args, *json_headers(self.token(target)),
              "--rate", str(rate), "--conns", str(conns), "--seconds", str(seconds), "--warmup-s", "1"],
             capture_output=True, text=True, check=True,
@@ -33,6 +35,7 @@ class Latency(Servers):
         self.raw.record(f"{prefix}50_{target}", f["p50"])
         self.raw.record(f"{prefix}99_{target}", f["p99"])
         self.raw.record(f"{prefix}lag_{target}", f["lag_p99"])
+        return f
 
     def latency(self):
         s = self.s

@@ -8,8 +8,6 @@ compared. Three pairs per round:
   usage chunk, so they relay the same bytes);
 - "aa": `infer` against `infer`: the method's own spread, for reading the two above."""
 
-import math
-
 from binaries import ROOT
 from servers import STREAM_BODY, STREAM_USAGE_BODY
 from stages_throughput import Throughput
@@ -50,16 +48,14 @@ class Metering(Throughput):
         the feature's CPU per request ÷ the base's (geometric mean of the two ways) and each
         side's CPU µs per request (mean of the two ways)."""
         gw, twin = (self.gateway, self.gw_port), (self.twin, self.twin_port)
-        seconds = self.s.meter_seconds
-        ways = [self.pair_cpu(base, target, seconds, *gw, *twin, script=script),
-                self.pair_cpu(base, target, seconds, *twin, *gw, script=script)]
-        if None in ways:
+        pair = self.pair_both_ways(base, target, self.s.meter_seconds, gw, twin, script)
+        if pair is None:
             self.raw.record(f"meter_{name}", "nan")
             return
-        ratio = math.sqrt((ways[0][1] / ways[0][0]) * (ways[1][1] / ways[1][0]))
+        ratio, base_us, us = pair
         self.raw.record(f"meter_{name}", "%.4f" % ratio)
-        self.raw.record(f"meter_{name}_base_us", "%.2f" % ((ways[0][0] + ways[1][0]) / 2))
-        self.raw.record(f"meter_{name}_us", "%.2f" % ((ways[0][1] + ways[1][1]) / 2))
+        self.raw.record(f"meter_{name}_base_us", "%.2f" % base_us)
+        self.raw.record(f"meter_{name}_us", "%.2f" % us)
 
     def metering_instructions(self):
         """Instructions per streamed chat, metering off / on / asked: deterministic, and a

@@ -82,15 +82,23 @@ class Throughput(Servers):
     # turns whatever a request costs.)
     def start_twin(self):
         self.twin_port = free_port()
-        w = self.work
-        text = (self.config.read_text()
-                .replace(f"127.0.0.1:{self.gw_port}", f"127.0.0.1:{self.twin_port}")
-                .replace(f"127.0.0.1:{self.metrics_port}", f"127.0.0.1:{free_port()}")
-                .replace(f"{w}/upgrade.sock", f"{w}/twin-upgrade.sock")
-                .replace(f"{w}/portcullis.pid", f"{w}/twin.pid"))
-        twin_config = w / "twin.toml"
-        twin_config.write_text(text)
+        twin_config, _ = self.config_copy("twin", self.twin_port)
         self.twin = self.start_gateway(twin_config, self.twin_port, "twin.log")
+
+    def config_copy(self, name, port, extra=""):
+        """The gateway's config on `port`, with a metrics port, pid file and upgrade socket of
+        its own, plus `extra` (more sections): written to <work>/<name>.toml → (its path, its
+        metrics port)."""
+        w = self.work
+        metrics_port = free_port()
+        text = (self.config.read_text()
+                .replace(f"127.0.0.1:{self.gw_port}", f"127.0.0.1:{port}")
+                .replace(f"127.0.0.1:{self.metrics_port}", f"127.0.0.1:{metrics_port}")
+                .replace(f"{w}/upgrade.sock", f"{w}/{name}-upgrade.sock")
+                .replace(f"{w}/portcullis.pid", f"{w}/{name}.pid")) + extra
+        path = w / f"{name}.toml"
+        path.write_text(text)
+        return path, metrics_port
 
     def pair_cpu(self, base, target, seconds, a, port_a, b, port_b, script=None):
         """base on process a and target on process b at once, both sending `script`'s request
@@ -117,6 +125,18 @@ class Throughput(Servers):
         if ca > 0 and cb > 0 and na > 0 and nb > 0:
             return ca / CLK_TCK * 1e6 / na, cb / CLK_TCK * 1e6 / nb
         return None
+
+    def pair_both_ways(self, base, target, seconds, gw, twin, script):
+        """pair_cpu both ways round (base on gw and target on twin, then the reverse; each a
+        (process, port)), so a difference between the two processes cancels out → (target's
+        CPU per request ÷ base's, geometric mean of the two ways; base's and target's CPU µs
+        per request, means of the two ways), None if either did nothing."""
+        ways = [self.pair_cpu(base, target, seconds, *gw, *twin, script=script),
+                self.pair_cpu(base, target, seconds, *twin, *gw, script=script)]
+        if None in ways:
+            return None
+        ratio = math.sqrt((ways[0][1] / ways[0][0]) * (ways[1][1] / ways[1][0]))
+        return ratio, (ways[0][0] + ways[1][0]) / 2, (ways[0][1] + ways[1][1]) / 2
 
     def pair_once(self, base, target, seconds, a, port_a, b, port_b):
         """The target's req/s per core ÷ the base's (pair_cpu), "nan" if either did nothing."""
