@@ -35,7 +35,7 @@ use crate::config::Config;
 use crate::errors::{GatewayError, Malformed};
 use crate::metering::Meter;
 use crate::metrics::{Metrics, ServiceMetrics};
-use crate::model_policy::{Endpoint, Models};
+use crate::model_policy::Endpoint;
 use crate::rate_limit::Backend;
 use crate::replicas::Replicas;
 use crate::routing::{self, Target};
@@ -488,31 +488,5 @@ impl ProxyHttp for Gateway {
                 self.metrics.access_log_dropped();
             }
         }
-    }
-}
-
-impl Gateway {
-    /// The service the request was routed to, once routed and authorised.
-    fn route(&self, ctx: &RequestCtx) -> Option<&Route> {
-        ctx.route.map(|id| &self.routes[id.index()])
-    }
-
-    /// The model policy of the routed service, on an `api = "openai"` service.
-    fn models(&self, route: Option<RouteId>) -> Option<&Models> {
-        route.and_then(|id| self.routes[id.index()].models())
-    }
-
-    /// The metric handles of `service_label`.
-    fn service_metrics(&self, ctx: &RequestCtx) -> &ServiceMetrics {
-        match self.route(ctx) {
-            Some(route) => &route.metrics,
-            None if ctx.health => &self.local_metrics,
-            None => &self.unknown_metrics,
-        }
-    }
-
-    /// A bounded metric label: a registered service, `_local` or `_unknown`.
-    fn service_label(&self, ctx: &RequestCtx) -> &str {
-        self.service_metrics(ctx).service()
     }
 }

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::{Gateway, RequestCtx};
 use crate::config::{Config, ServiceConfig};
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::Models;
@@ -56,5 +57,32 @@ impl RouteId {
 
     pub fn index(self) -> usize {
         self.0 as usize
+    }
+}
+
+/// Lookups the request flow makes of the routed service.
+impl Gateway {
+    /// The service the request was routed to, once routed and authorised.
+    pub(super) fn route(&self, ctx: &RequestCtx) -> Option<&Route> {
+        ctx.route.map(|id| &self.routes[id.index()])
+    }
+
+    /// The model policy of the routed service, on an `api = "openai"` service.
+    pub(super) fn models(&self, route: Option<RouteId>) -> Option<&Models> {
+        route.and_then(|id| self.routes[id.index()].models())
+    }
+
+    /// The metric handles of `service_label`.
+    pub(super) fn service_metrics(&self, ctx: &RequestCtx) -> &ServiceMetrics {
+        match self.route(ctx) {
+            Some(route) => &route.metrics,
+            None if ctx.health => &self.local_metrics,
+            None => &self.unknown_metrics,
+        }
+    }
+
+    /// A bounded metric label: a registered service, `_local` or `_unknown`.
+    pub(super) fn service_label(&self, ctx: &RequestCtx) -> &str {
+        self.service_metrics(ctx).service()
     }
 }
