@@ -91,10 +91,20 @@ def refusal_message(e, kind, key_id, limit, unit):
     expect_eq(sorted(body), ["error", "message"], "body members")
     expect_eq(body["error"], "budget_exceeded", "error code")
     message = body["message"]
-    m = re.fullmatch(rf"{kind} budget of key {re.escape(key_id)} exhausted: (\d+) of {limit} {unit} "
-                     rf"used or reserved; it resets at {re.escape(next_midnight())}", message)
-    expect(m, f"message {message!r}")
-    return int(m.group(1)), message
+    resets = re.escape(next_midnight())
+    whose = rf"{kind} budget of key {re.escape(key_id)}"
+    # Spent: what is used or reserved; not spent but too little left: what is left, and what
+    # this request would reserve.
+    spent = re.fullmatch(rf"{whose} exhausted: (\d+) of {limit} {unit} used or reserved; "
+                         rf"it resets at {resets}", message)
+    short = re.fullmatch(rf"{whose} has (\d+) of {limit} {unit} left, and this request reserves "
+                         rf"(\d+) \([^)]*\); it resets at {resets}", message)
+    expect(spent or short, f"message {message!r}")
+    if spent:
+        return int(spent.group(1)), message
+    left, asked = int(short.group(1)), int(short.group(2))
+    expect(asked > left, f"a request refused though its {asked} fit in the {left} left: {message!r}")
+    return limit - left, message
 
 
 def wait_for_a_whole_day():
