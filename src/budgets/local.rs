@@ -103,10 +103,16 @@ impl Local {
     /// Replaces a reservation made in the windows of `starts` by what was used: adds
     /// `tokens` (negative: a refund) and `requests` to each subject's counters still in
     /// those windows.
-    pub fn adjust(&self, subjects: &[Who<'_>], starts: &WindowStarts, tokens: i64, requests: i64) {
+    pub fn adjust<'w>(
+        &self,
+        subjects: impl Iterator<Item = Who<'w>>,
+        starts: &WindowStarts,
+        tokens: i64,
+        requests: i64,
+    ) {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
         for who in subjects {
-            let counts = table.counts(*who);
+            let counts = table.counts(who);
             for kind in Kind::ALL {
                 let i = kind.index();
                 if counts.start[i] != kind.start(starts) {

@@ -97,7 +97,7 @@ impl Table {
 
     /// The budgets that apply to `principal`, non-empty ones only: its key's (as the table
     /// has it, else as the key was looked up) and its owner's.
-    fn of<'p>(&self, p: &'p Principal) -> [Option<(&'p str, Budget)>; 2] {
+    fn of<'p>(&self, p: &'p Principal) -> Budgeted<'p> {
         let key = p.key_id().and_then(|k| {
             let budget = self.keys.get(k).copied().unwrap_or(p.budget);
             (!budget.is_empty()).then_some((k, budget))
@@ -116,6 +116,9 @@ impl Table {
         }
     }
 }
+
+/// The budgets of a request's key and of its owner (non-empty ones), by id.
+pub type Budgeted<'p> = [Option<(&'p str, Budget)>; 2];
 
 /// One line of OpenAI's `x-ratelimit-*` headers: a counter's limit, what is left, and the
 /// seconds until its window resets.
@@ -246,50 +249,67 @@ impl Budgets {
         }
     }
 
-    /// Whether `principal` has a budget of its own or through its owner: two lookups.
-    pub fn applies(&self, principal: &Principal) -> bool {
-        let [key, owner] = self.table.load().of(principal);
-        key.is_some() || owner.is_some()
+    /// The budgets that apply to `principal` (its key's, its owner's), or None when neither
+    /// has one: two lookups, made once per request.
+    pub fn of<'p>(&self, principal: &'p Principal) -> Option<Budgeted<'p>> {
+        let budgeted = self.table.load().of(principal);
+        budgeted.iter().any(Option::is_some).then_some(budgeted)
     }
 
     /// Reserves `ask` on every limited counter of the caller's key and owner, or none.
+    #[cfg(test)]
     pub async fn reserve(
         &self,
         principal: &Principal,
         ask: Ask,
         now: i64,
     ) -> Result<Option<Reservation>, Refusal> {
-        let [key, owner] = self.table.load().of(principal);
-        if key.is_none() && owner.is_none() {
-            return Ok(None);
+        match self.of(principal) {
+            Some(budgeted) => self.reserve_for(budgeted, ask, now).await.map(Some),
+            None => Ok(None),
         }
+    }
+
+    /// Reserves `ask` on every limited counter of `budgeted` (from `of`), or none.
+    pub async fn reserve_for(
+        &self,
+        budgeted: Budgeted<'_>,
+        ask: Ask,
+        now: i64,
+    ) -> Result<Reservation, Refusal> {
+        let [key, owner] = budgeted;
         let windows = Windows::at(now);
-        let mut subjects = Vec::with_capacity(2);
+        // Key first, then owner; no allocation.
+        let mut both = [(Who::Key(""), Budget::default()); 2];
+        let mut n = 0;
         let mut limited = [Budget::default(); 2];
         if let Some((id, budget)) = key {
-            subjects.push((Who::Key(id), budget));
+            both[n] = (Who::Key(id), budget);
+            n += 1;
             limited[0] = budget;
         }
         if let Some((id, budget)) = owner {
-            subjects.push((Who::Owner(id), budget));
+            both[n] = (Who::Owner(id), budget);
+            n += 1;
             limited[1] = budget;
         }
+        let subjects = &both[..n];
         let reserved = match &self.shared {
             Some(shared) if !shared.backend().is_down() => {
-                self.reserve_shared(shared, &subjects, ask, &windows).await
+                self.reserve_shared(shared, subjects, ask, &windows).await
             }
             _ => None,
         };
         let (used, shared) = match reserved {
             Some(Ok(used)) => {
                 // Counted here too, so a fallback starts from this process's traffic.
-                let _ = self.local.reserve(&subjects, ask, &windows, false);
+                let _ = self.local.reserve(subjects, ask, &windows, false);
                 (used, true)
             }
-            Some(Err(refused)) => return Err(self.refusal(&subjects, refused, &windows)),
-            None => match self.local.reserve(&subjects, ask, &windows, true) {
+            Some(Err(refused)) => return Err(self.refusal(subjects, refused, &windows)),
+            None => match self.local.reserve(subjects, ask, &windows, true) {
                 Ok(used) => (used, false),
-                Err(refused) => return Err(self.refusal(&subjects, refused, &windows)),
+                Err(refused) => return Err(self.refusal(subjects, refused, &windows)),
             },
         };
         let mut quota = Quota::default();
@@ -305,7 +325,7 @@ impl Budgets {
                 }
             }
         }
-        Ok(Some(Reservation {
+        Ok(Reservation {
             key: key.map(|(k, _)| k.into()),
             owner: owner.map(|(o, _)| o.into()),
             windows,
@@ -313,7 +333,7 @@ impl Budgets {
             tokens: ask.tokens,
             shared,
             quota,
-        }))
+        })
     }
 
     /// Through Redis: `None` when it did not answer (the caller then counts per process).
@@ -449,8 +469,12 @@ impl Budgets {
         if token_delta == 0 && request_delta == 0 {
             return;
         }
-        let whos: Vec<Who<'_>> = r.subjects().map(|(_, w)| w).collect();
-        (self.local).adjust(&whos, &r.windows.starts, token_delta, request_delta);
+        (self.local).adjust(
+            r.subjects().map(|(_, w)| w),
+            &r.windows.starts,
+            token_delta,
+            request_delta,
+        );
         let Some(shared) = self.shared.as_ref().filter(|_| r.shared) else {
             return;
         };

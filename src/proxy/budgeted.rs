@@ -30,9 +30,13 @@ impl Gateway {
         let (Some(budgets), Some(principal)) = (&self.budgets, &ctx.principal) else {
             return Ok(());
         };
-        if ctx.budget_decided || !budgets.applies(principal) {
+        if ctx.budget_decided {
             return Ok(());
         }
+        let Some(budgeted) = budgets.of(principal) else {
+            ctx.budget_decided = true;
+            return Ok(());
+        };
         let ask = match &ctx.openai {
             Some(exchange) => match exchange.ask {
                 Some((bytes, cap)) => budgets.ask(bytes, cap, true),
@@ -42,9 +46,9 @@ impl Gateway {
             None => budgets.ask(0, None, false),
         };
         ctx.budget_decided = true;
-        match Box::pin(budgets.reserve(principal, ask, unix_now())).await {
+        match Box::pin(budgets.reserve_for(budgeted, ask, unix_now())).await {
             Ok(reservation) => {
-                ctx.budget = reservation.map(Box::new);
+                ctx.budget = Some(Box::new(reservation));
                 Ok(())
             }
             Err(refusal) => {

@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use testkit::idp::{Idp, TestKey};
-use testkit::{cli, free_port, raw, Gateway, Service, Upstream};
+use testkit::{cli, raw, Gateway, Service, Upstream};
+
+pub(crate) use crate::ledger::admin_port;
+use crate::ledger::wait_for_admin;
 
 pub const CHAT: &str = "/v1/chat/v1/chat/completions";
 
@@ -228,20 +231,4 @@ pub fn metric(gw: &Gateway, prefix: &str) -> f64 {
 
 pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
     testkit::header(headers, name)
-}
-
-fn wait_for_admin(port: u16) {
-    let request = b"GET /openapi.json HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
-    for _ in 0..400 {
-        if tokio::task::block_in_place(|| testkit::try_raw(port, request)).is_ok_and(|r| r.0 == 200)
-        {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!("the admin listener on port {port} never answered");
-}
-
-pub fn admin_port() -> u16 {
-    free_port()
 }

@@ -210,7 +210,7 @@ fn metric(gw: &Gateway, line_start: &str) -> u64 {
         .map_or(0, |v| v.trim().parse().unwrap())
 }
 
-fn wait_for_admin(port: u16) {
+pub(crate) fn wait_for_admin(port: u16) {
     let request = b"GET /openapi.json HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
     for _ in 0..200 {
         if tokio::task::block_in_place(|| testkit::try_raw(port, request)).is_ok_and(|r| r.0 == 200)
@@ -223,6 +223,6 @@ fn wait_for_admin(port: u16) {
 }
 
 /// A fresh port for an admin listener.
-fn admin_port() -> u16 {
+pub(crate) fn admin_port() -> u16 {
     free_port()
 }
