@@ -230,20 +230,7 @@ fn windows(budget: &Budget, used: &WindowUsage, starts: WindowStarts) -> String 
             rfc3339(resets),
         ]);
     }
-    let widths: Vec<usize> = (0..5)
-        .map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for line in &lines {
-        let cells: Vec<String> = line
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    super::usage::aligned(&lines)
 }
 
 /// A budget as one word: `tokens_per_day=100000,requests_per_day=500`, `-` for none.

@@ -93,20 +93,23 @@ fn table(totals: &[UsageTotal], g: &api_keys::Grouping) -> String {
         );
         lines.push(line);
     }
-    let columns = lines[0].len();
+    aligned(&lines)
+}
+
+/// Rows as text, columns left-aligned two spaces apart (widths in characters), one per line.
+pub(super) fn aligned<R: AsRef<[String]>>(lines: &[R]) -> String {
+    let columns = lines.first().map_or(0, |l| l.as_ref().len());
     let widths: Vec<usize> = (0..columns)
         .map(|i| {
-            lines
-                .iter()
-                .map(|l| l[i].chars().count())
+            (lines.iter())
+                .map(|l| l.as_ref()[i].chars().count())
                 .max()
                 .unwrap_or(0)
         })
         .collect();
     let mut out = String::new();
-    for line in &lines {
-        let cells: Vec<String> = line
-            .iter()
+    for line in lines {
+        let cells: Vec<String> = (line.as_ref().iter())
             .zip(&widths)
             .map(|(cell, w)| format!("{cell:<w$}"))
             .collect();
