@@ -6,9 +6,11 @@
 //! and start again on the same address. Replicas of one test may share one `HitLog`.
 //! Under `/oa/` it answers as the OpenAI API does (`openai.rs`): the token counts it reports
 //! are the constants below, the bodies it sends `json_body`, `sse_body` and `embeddings_body`,
-//! in the content coding negotiated or forced (`Coding`).
+//! in the content coding negotiated or forced (`Coding`); the agent APIs (OpenAI Responses,
+//! Anthropic Messages) likewise, in `agents.rs`.
 //! In model mode (`Upstream::model`) it answers as the demo model of `model.rs` instead.
 
+mod agents;
 mod coding;
 mod model;
 mod openai;
@@ -17,7 +19,14 @@ mod wire;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_agents;
 
+pub use agents::{
+    agent_json_body, agent_sse_body, responses_usage_json, AgentEndpoint, MessagesUsage,
+    COUNT_TOKENS, MESSAGES_JSON_USAGE, MESSAGES_SSE_USAGE, RESPONSES_JSON_USAGE,
+    RESPONSES_SSE_USAGE,
+};
 pub use coding::Coding;
 pub use openai::{
     embeddings_body, json_body, sse_body, Endpoint, Usage, CHAT_JSON_USAGE, CHAT_SSE_USAGE,

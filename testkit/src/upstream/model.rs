@@ -10,6 +10,7 @@
 //!                            usage as OpenAI reports it, `include_usage` included (`text.rs`)
 //!   POST …/completions       text completions: `Echo: <prompt>` per prompt, likewise
 //!   POST …/embeddings        1024 values per input, the same for the same text, L2-normalised
+//!   POST …/responses, …/messages, …/messages/count_tokens  the agent APIs (`agents.rs`)
 //!   other GET and POST       404; other methods 501
 //! A token is a fragment: a run of non-space characters and the spaces after it. Every answer
 //! carries `Set-Cookie: demo_session=abc`, which the gateway in front must strip, and OpenAI's
@@ -26,6 +27,7 @@ use serde_json::{json, Map, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+mod agents;
 mod python;
 mod text;
 
@@ -60,8 +62,12 @@ impl Model {
 
 enum Answer {
     Json(Value),
+    /// JSON with more header lines (each ending in CRLF).
+    JsonWith(Value, String),
     /// The chunks of a chat stream, `data: [DONE]` not included.
     Stream(Vec<Value>),
+    /// Named events (`event:` and `data:`), as the agent APIs stream; no `[DONE]`.
+    Events(Vec<(String, Value)>),
 }
 
 enum Refusal {
@@ -101,6 +107,15 @@ pub(super) async fn answer(conn: &mut TcpStream, req: &Hit, state: &State, model
             parse(&req.body).and_then(|b| text::completions(&b, model))
         }
         "POST" if path.ends_with("/embeddings") => parse(&req.body).and_then(|b| embeddings(&b)),
+        "POST" if path.ends_with("/responses") => {
+            parse(&req.body).and_then(|b| agents::responses(&b, model))
+        }
+        "POST" if path.ends_with("/messages/count_tokens") => {
+            parse(&req.body).and_then(|b| agents::count_tokens(&b))
+        }
+        "POST" if path.ends_with("/messages") => {
+            parse(&req.body).and_then(|b| agents::messages(&b, model))
+        }
         "GET" | "POST" => Err(Refusal::NotFound),
         other => Err(Refusal::Close(
             501,
@@ -108,16 +123,30 @@ pub(super) async fn answer(conn: &mut TcpStream, req: &Hit, state: &State, model
         )),
     };
     let ok = match outcome {
-        Ok(Answer::Json(body)) => reply(conn, req, state, model, 200, &body, false).await,
-        Ok(Answer::Stream(chunks)) => stream(conn, req, state, model, &chunks).await,
+        Ok(Answer::Json(body)) => reply(conn, req, state, model, 200, &body, "").await,
+        Ok(Answer::JsonWith(body, extra)) => {
+            reply(conn, req, state, model, 200, &body, &extra).await
+        }
+        Ok(Answer::Stream(chunks)) => {
+            let mut events: Vec<String> = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+            events.push("data: [DONE]\n\n".to_string());
+            // [DONE] follows the last chunk at once.
+            stream(conn, req, state, model, &events, chunks.len()).await
+        }
+        Ok(Answer::Events(events)) => {
+            let n = events.len();
+            let events: Vec<String> = events.iter().map(super::agents::sse_event).collect();
+            stream(conn, req, state, model, &events, n).await
+        }
         Err(Refusal::Bad(message)) => {
-            reply(conn, req, state, model, 400, &error(message), false).await
+            reply(conn, req, state, model, 400, &error(message), "").await
         }
         Err(Refusal::NotFound) => {
-            reply(conn, req, state, model, 404, &error("not found"), false).await
+            reply(conn, req, state, model, 404, &error("not found"), "").await
         }
         Err(Refusal::Close(code, message)) => {
-            reply(conn, req, state, model, code, &error(&message), true).await;
+            let close = "connection: close\r\n";
+            reply(conn, req, state, model, code, &error(&message), close).await;
             false
         }
         Err(Refusal::Crash(why)) => {
@@ -150,7 +179,7 @@ async fn reply(
     model: &Model,
     code: u16,
     body: &Value,
-    close: bool,
+    extra_headers: &str,
 ) -> bool {
     log(req, model, code);
     let status = match code {
@@ -160,19 +189,19 @@ async fn reply(
         _ => "501 Not Implemented",
     };
     let mut extra = common_headers(state);
-    if close {
-        extra.push_str("connection: close\r\n");
-    }
+    extra.push_str(extra_headers);
     write_json(conn, status, &extra, &body.to_string()).await
 }
 
-/// The chunks `token_delay` apart (the first at once), then `data: [DONE]` right after the last.
+/// The events (whole SSE events), the first `paced` of them `token_delay` apart (the first at
+/// once), the rest right after.
 async fn stream(
     conn: &mut TcpStream,
     req: &Hit,
     state: &State,
     model: &Model,
-    chunks: &[Value],
+    events: &[String],
+    paced: usize,
 ) -> bool {
     log(req, model, 200);
     let head = format!(
@@ -185,10 +214,8 @@ async fn stream(
     }
     let log = Arc::new(Mutex::new(StreamLog::default()));
     state.streams.lock().unwrap().push(log.clone());
-    let mut events: Vec<String> = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
-    events.push("data: [DONE]\n\n".to_string());
     for (i, event) in events.iter().enumerate() {
-        if i > 0 && i < chunks.len() && !model.token_delay.is_zero() {
+        if i > 0 && i < paced && !model.token_delay.is_zero() {
             tokio::time::sleep(model.token_delay).await;
         }
         if !write_chunk(conn, event.as_bytes()).await {

@@ -228,7 +228,7 @@ pub const RATE_LIMIT_HEADERS: &str = "x-ratelimit-limit-tokens: 150000000\r\n\
     x-ratelimit-limit-requests: 30000\r\nx-ratelimit-remaining-requests: 29999\r\n\
     x-ratelimit-reset-requests: 2ms\r\n";
 
-async fn write_json(conn: &mut TcpStream, req: &Hit, body: &str) -> bool {
+pub(super) async fn write_json(conn: &mut TcpStream, req: &Hit, body: &str) -> bool {
     let coding = coding::for_request(req);
     let extra = format!("{}{RATE_LIMIT_HEADERS}", coding::headers(coding));
     write_body(
@@ -290,6 +290,7 @@ pub(super) async fn completion(
         split: Duration::from_millis(query_param(&req.target, "split_ms", 50)),
         // The usage chunk, just before [DONE].
         split_event: include_usage.then(|| events.len() - 2),
+        split_at: "prompt_t",
     };
     let log = super::serve::new_stream(state);
     stream(conn, coding::for_request(req), &events, &pacing, &log).await
@@ -340,15 +341,16 @@ pub fn sse_body(endpoint: Endpoint, model: Option<&str>, n: u64, include_usage: 
     sse_events(endpoint, &json!(model).to_string(), n, include_usage).concat()
 }
 
-struct Pacing {
-    gap: Duration,
-    split: Duration,
-    /// The event written in two pieces `split` apart, cut inside `"prompt_tokens"`.
-    split_event: Option<usize>,
+pub(super) struct Pacing {
+    pub gap: Duration,
+    pub split: Duration,
+    /// The event written in two pieces `split` apart, cut 5 bytes into `split_at`.
+    pub split_event: Option<usize>,
+    pub split_at: &'static str,
 }
 
 /// Writes `events` in `coding`, `gap` apart, logging each; false when the peer left.
-async fn stream(
+pub(super) async fn stream(
     conn: &mut TcpStream,
     coding: Coding,
     events: &[String],
@@ -369,7 +371,7 @@ async fn stream(
             tokio::time::sleep(pacing.gap).await;
         }
         let ok = if pacing.split_event == Some(i) {
-            split_event(conn, &mut encoder, event, pacing.split).await
+            split_event(conn, &mut encoder, event, pacing).await
         } else {
             write_chunk(conn, &encoder.piece(event.as_bytes())).await
         };
@@ -386,16 +388,19 @@ async fn stream(
     ok
 }
 
-/// One event in two TCP writes `split` apart, cut inside `"prompt_tokens"`, so a reader sees
-/// the usage in two reads. Plain: one HTTP chunk cut in two. Compressed: each half flushed as
+/// One event in two TCP writes `split` apart, cut inside the usage (`"prompt_tokens"` for
+/// chat), so a reader sees the usage in two reads. Plain: one HTTP chunk cut in two. Compressed: each half flushed as
 /// a chunk of its own, so the decoded text is cut at the same place.
 async fn split_event(
     conn: &mut TcpStream,
     encoder: &mut Encoder,
     event: &str,
-    split: Duration,
+    pacing: &Pacing,
 ) -> bool {
-    let cut = event.find("prompt_t").map_or(event.len() / 2, |p| p + 5);
+    let split = pacing.split;
+    let cut = event
+        .find(pacing.split_at)
+        .map_or(event.len() / 2, |p| p + 5);
     let pieces: Vec<Vec<u8>> = if let Encoder::Identity = encoder {
         let chunk = format!("{:x}\r\n{event}\r\n", event.len());
         let cut = cut + chunk.len() - event.len() - 2;

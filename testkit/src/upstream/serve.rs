@@ -18,10 +18,17 @@
 //!   /oa/…/completions     the same for text completions (`object: "text_completion"`,
 //!                         `choices[].text`): `COMPLETIONS_JSON_USAGE`, `COMPLETIONS_SSE_USAGE`
 //!   /oa/…/embeddings      an OpenAI embeddings answer with usage `EMBEDDINGS_USAGE`
+//!   /oa/…/responses       an OpenAI Responses answer (`RESPONSES_JSON_USAGE`); streamed, its
+//!                         events with ?n=N (3) text deltas, ?gap_ms=G (50) apart, usage
+//!                         (`RESPONSES_SSE_USAGE`) in `response.completed` (`agents.rs`)
+//!   /oa/…/messages        an Anthropic Messages answer (`MESSAGES_JSON_USAGE`); streamed, the
+//!                         same pacing, usage (`MESSAGES_SSE_USAGE`) in `message_start` and
+//!                         `message_delta`
+//!   /oa/…/messages/count_tokens  `{"input_tokens": COUNT_TOKENS}`
 //!   anything else         after ?ms=M milliseconds, 200 `{"ok":true,"replica":NAME,"method":…,
 //!                         "target":…}` with the session headers a gateway must strip
 //!
-//! The three `/oa/` endpoints answer in the content coding the request's `Accept-Encoding`
+//! The `/oa/` endpoints answer in the content coding the request's `Accept-Encoding`
 //! asks for (gzip, deflate, br, zstd; identity when it is absent), or in
 //! `?force_encoding=NAME` whatever was asked (`coding.rs`).
 //!
@@ -39,6 +46,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::agents::{self, AgentEndpoint};
 use super::openai::{self, Endpoint};
 use super::wire::{query_param, read_request, write_chunk, write_json};
 use super::{State, StreamLog};
@@ -118,6 +126,12 @@ async fn serve(conn: &mut TcpStream, state: &State, busy: &AtomicBool) -> End {
         } else if path.ends_with("/garbage") {
             let _ = conn.write_all(b"this is not http\r\n\r\n").await;
             false
+        } else if path.starts_with("/oa/") && path.ends_with("/responses") {
+            agents::answer(conn, &req, state, AgentEndpoint::Responses).await
+        } else if path.starts_with("/oa/") && path.ends_with("/messages/count_tokens") {
+            agents::count_tokens(conn, &req).await
+        } else if path.starts_with("/oa/") && path.ends_with("/messages") {
+            agents::answer(conn, &req, state, AgentEndpoint::Messages).await
         } else if path.starts_with("/oa/") && path.ends_with("/embeddings") {
             openai::embeddings(conn, &req).await
         } else if path.starts_with("/oa/") && path.ends_with("/chat/completions") {

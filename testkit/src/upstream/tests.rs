@@ -10,42 +10,42 @@ use serde_json::{json, Value};
 
 use super::*;
 
-struct Resp {
-    status: u16,
-    headers: Vec<(String, String)>,
+pub(super) struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
     /// The body's HTTP chunks as sent (one element for a Content-Length body).
-    chunks: Vec<Vec<u8>>,
+    pub chunks: Vec<Vec<u8>>,
 }
 
 impl Resp {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(super) fn header(&self, name: &str) -> Option<&str> {
         crate::http::header(&self.headers, name)
     }
 
-    fn raw_body(&self) -> Vec<u8> {
+    pub(super) fn raw_body(&self) -> Vec<u8> {
         self.chunks.concat()
     }
 
     /// The body decoded per its Content-Encoding.
-    fn body(&self) -> Vec<u8> {
+    pub(super) fn body(&self) -> Vec<u8> {
         self.coding()
             .decode(&self.raw_body())
             .expect("the body does not decode")
     }
 
-    fn coding(&self) -> Coding {
+    pub(super) fn coding(&self) -> Coding {
         self.header("content-encoding")
             .map_or(Coding::Identity, |c| {
                 Coding::parse(c).expect("unknown coding")
             })
     }
 
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         serde_json::from_slice(&self.body()).unwrap()
     }
 
     /// The `data:` payloads of an SSE body.
-    fn events(&self) -> Vec<String> {
+    pub(super) fn events(&self) -> Vec<String> {
         String::from_utf8(self.body())
             .unwrap()
             .split("\n\n")
@@ -56,7 +56,7 @@ impl Resp {
 
 /// POSTs `body` to `target` and reads the answer (the fake keeps the connection open), keeping
 /// the HTTP chunks apart.
-fn post(up: &Upstream, target: &str, headers: &[(&str, &str)], body: &str) -> Resp {
+pub(super) fn post(up: &Upstream, target: &str, headers: &[(&str, &str)], body: &str) -> Resp {
     let mut s = TcpStream::connect(up.addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let extra: String = headers

@@ -14,7 +14,7 @@ use super::{received_model, Answer, Model, Refusal, REASONING};
 
 impl Model {
     /// `PREFIX-demo-N`, N counting the model's answers from 1.
-    fn next_id(&self, prefix: &str) -> String {
+    pub(super) fn next_id(&self, prefix: &str) -> String {
         format!(
             "{prefix}-demo-{}",
             self.ids.fetch_add(1, Ordering::Relaxed) + 1
@@ -22,7 +22,7 @@ impl Model {
     }
 }
 
-fn now() -> u64 {
+pub(super) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -209,7 +209,7 @@ pub(super) fn fragments(text: &str) -> Vec<&str> {
 }
 
 /// A message's text: a string, or its parts joined. None where the Python raised.
-fn content_text(content: Option<&Value>) -> Option<String> {
+pub(super) fn content_text(content: Option<&Value>) -> Option<String> {
     match content {
         Some(Value::String(s)) => Some(s.clone()),
         Some(Value::Array(parts)) => parts.iter().map(part_text).collect(),
@@ -261,7 +261,7 @@ mod tests {
     fn chunks(answer: Answer) -> Vec<Value> {
         match answer {
             Answer::Stream(chunks) => chunks,
-            Answer::Json(v) => panic!("not a stream: {v}"),
+            _ => panic!("not a chat stream"),
         }
     }
 

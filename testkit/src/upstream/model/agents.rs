@@ -1,0 +1,195 @@
+//! What the demo model answers on the agent APIs, counting tokens as it does for chat (a token
+//! is a fragment, `text.rs`), so the SDK suite can state each count independently:
+//!   POST …/responses   OpenAI Responses: a reasoning item (its text hidden, as OpenAI hides
+//!                      it), then a message `Echo: <last user text>`. input_tokens: the
+//!                      fragments of `instructions` and of every input text (at least 1), of
+//!                      which the instructions' are `cached_tokens` (a cached system prompt);
+//!                      output_tokens: the answer's plus the reasoning's (`reasoning_tokens`).
+//!                      `max_output_tokens` cuts the answer (status `incomplete`).
+//!   POST …/messages    Anthropic Messages: `Echo: <last user text>`. The `system` text counts
+//!                      as cache_read_input_tokens, message text blocks marked `cache_control`
+//!                      as cache_creation_input_tokens, other message text as input_tokens (at
+//!                      least 1 in all); output_tokens: the answer's. `max_tokens` cuts it
+//!                      (stop_reason `max_tokens`).
+//!   POST …/messages/count_tokens  `{"input_tokens": <all three prompt counts>}`, and the
+//!                      model received in `x-demo-model` (the body has no room for it).
+//! Streams: one text delta per fragment (`agents.rs` of the upstream has the event shapes).
+
+use serde_json::{json, Map, Value};
+
+use super::python::py_int;
+use super::text::{content_text, fragments, now};
+use super::{received_model, Answer, Model, Refusal, REASONING};
+use crate::upstream::agents::{responses_usage_json, Message, MessagesUsage, Response};
+use crate::upstream::Usage;
+
+fn streamed(body: &Map<String, Value>) -> bool {
+    body.get("stream") == Some(&Value::Bool(true))
+}
+
+/// The answer's fragments, cut to `max` when it is a positive integer; and whether it was cut.
+fn cut<'a>(answer: Vec<&'a str>, max: Option<&Value>) -> (Vec<&'a str>, bool) {
+    match py_int(max) {
+        Some(m) if m > 0 && (m as u64) < answer.len() as u64 => {
+            (answer[..m as usize].to_vec(), true)
+        }
+        _ => (answer, false),
+    }
+}
+
+/// Each input item's role and text: a string input is one user message.
+fn input_texts(input: Option<&Value>) -> Result<Vec<(String, String)>, Refusal> {
+    match input {
+        Some(Value::String(s)) => Ok(vec![("user".into(), s.clone())]),
+        Some(Value::Array(items)) => Ok(items
+            .iter()
+            .filter_map(Value::as_object)
+            .map(|item| {
+                let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+                // Parts are input_text / output_text; content_text reads `text` parts only.
+                let text = match item.get("content") {
+                    Some(Value::Array(parts)) => parts
+                        .iter()
+                        .filter_map(|p| p.get("text").and_then(Value::as_str))
+                        .collect(),
+                    other => content_text(other).unwrap_or_default(),
+                };
+                (role.to_string(), text)
+            })
+            .collect()),
+        _ => Err(Refusal::Bad("'input' must be a string or an array")),
+    }
+}
+
+pub(super) fn responses(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
+    let texts = input_texts(body.get("input"))?;
+    let last_user = texts
+        .iter()
+        .rev()
+        .find(|(role, _)| role == "user")
+        .map_or("", |(_, t)| t.as_str());
+    let instructions = body
+        .get("instructions")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let cached = fragments(instructions).len();
+    let prompt = (cached + texts.iter().map(|(_, t)| fragments(t).len()).sum::<usize>()).max(1);
+    let answer_text = format!("Echo: {last_user}");
+    let (answer, incomplete) = cut(fragments(&answer_text), body.get("max_output_tokens"));
+    let reasoning = fragments(REASONING).len();
+    let usage = Usage {
+        prompt: prompt as u64,
+        completion: (answer.len() + reasoning) as u64,
+        reasoning: reasoning as u64,
+        cached: cached as u64,
+    };
+    let r = Response {
+        id: model.next_id("r").replace('-', "_"),
+        created_at: now(),
+        model: json!(received_model(body)),
+        instructions: body.get("instructions").cloned().unwrap_or(Value::Null),
+        max_output_tokens: body
+            .get("max_output_tokens")
+            .cloned()
+            .unwrap_or(Value::Null),
+        reasoning: true,
+        deltas: answer,
+        incomplete,
+        usage: responses_usage_json(&usage),
+    };
+    Ok(if streamed(body) {
+        Answer::Events(r.events())
+    } else {
+        Answer::Json(r.object(true))
+    })
+}
+
+/// The text of a `system` (a string or text blocks).
+fn system_text(system: Option<&Value>) -> String {
+    match system {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+/// The prompt's usage (output 0) and the last user text.
+fn messages_prompt(body: &Map<String, Value>) -> Result<(MessagesUsage, String), Refusal> {
+    let Some(Value::Array(messages)) = body.get("messages") else {
+        return Err(Refusal::Bad("'messages' must be an array"));
+    };
+    let mut usage = MessagesUsage {
+        cache_read: fragments(&system_text(body.get("system"))).len() as u64,
+        ..MessagesUsage::default()
+    };
+    let mut last_user = String::new();
+    for m in messages.iter().filter_map(Value::as_object) {
+        let mut text = String::new();
+        match m.get("content") {
+            Some(Value::String(s)) => {
+                usage.input += fragments(s).len() as u64;
+                text.push_str(s);
+            }
+            Some(Value::Array(blocks)) => {
+                for b in blocks {
+                    let Some(t) = b.get("text").and_then(Value::as_str) else {
+                        continue;
+                    };
+                    let n = fragments(t).len() as u64;
+                    if b.get("cache_control").is_some_and(Value::is_object) {
+                        usage.cache_creation += n;
+                    } else {
+                        usage.input += n;
+                    }
+                    text.push_str(t);
+                }
+            }
+            _ => {}
+        }
+        if m.get("role").and_then(Value::as_str) == Some("user") {
+            last_user = text;
+        }
+    }
+    if usage.input + usage.cache_creation + usage.cache_read == 0 {
+        usage.input = 1;
+    }
+    Ok((usage, last_user))
+}
+
+pub(super) fn messages(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
+    let (usage, last_user) = messages_prompt(body)?;
+    let answer_text = format!("Echo: {last_user}");
+    let (answer, was_cut) = cut(fragments(&answer_text), body.get("max_tokens"));
+    let m = Message {
+        id: model.next_id("m").replace('-', "_"),
+        model: json!(received_model(body)),
+        stop_reason: if was_cut { "max_tokens" } else { "end_turn" },
+        usage: MessagesUsage {
+            output: answer.len() as u64,
+            ..usage
+        },
+        deltas: answer,
+    };
+    Ok(if streamed(body) {
+        Answer::Events(m.events())
+    } else {
+        Answer::Json(m.object())
+    })
+}
+
+pub(super) fn count_tokens(body: &Map<String, Value>) -> Result<Answer, Refusal> {
+    let (usage, _) = messages_prompt(body)?;
+    // Never a header break, whatever the model string holds.
+    let name: String = received_model(body)
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    let header = format!("x-demo-model: {name}\r\n");
+    Ok(Answer::JsonWith(
+        json!({"input_tokens": usage.usage().prompt}),
+        header,
+    ))
+}
