@@ -70,7 +70,7 @@ else
     say "Node.js not found: running without the OpenID provider and the key console"
 fi
 
-KEY=$("$BIN" keys create --config "$CONF" --name "demo $(date +%FT%T)" --scopes infer,chatx,chaty,embed | tail -n 1)
+KEY=$("$BIN" keys create --config "$CONF" --name "demo $(date +%FT%T)" --scopes infer,chatx,chaty,embed,claude | tail -n 1)
 
 if [ "$CONSOLE" = 1 ]; then
     cat <<MSG
@@ -89,7 +89,7 @@ fi
 cat <<MSG
 
   Portcullis demo: gateway on http://127.0.0.1:8080, demo upstream on 127.0.0.1:8000.
-  A fresh API key with scopes infer,chatx,chaty,embed was created in data/demo-keys.db:
+  A fresh API key with scopes infer,chatx,chaty,embed,claude was created in data/demo-keys.db:
 
     export KEY=$KEY
 
@@ -106,6 +106,13 @@ cat <<MSG
          -d '{"messages":[{"content":"no role"}]}'                                     # 400 naming the field
     curl -sN -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/infer/v1/chat/completions \\
          -d '{"model":"alpha3.6-vl","stream":true,"messages":[{"role":"user","content":"stream me"}]}'
+    # Agent APIs (docs/agents.md): OpenAI Responses on chatx (Codex CLI), Anthropic Messages on
+    # claude (Claude Code: Bearer auth, as ANTHROPIC_AUTH_TOKEN sends it); add "stream":true to stream.
+    curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/chatx/v1/responses \\
+         -d '{"input":"hello"}'                                                         # model x-large-2
+    curl -s -H "Authorization: Bearer \$KEY" -H "anthropic-version: 2023-06-01" \\
+         http://127.0.0.1:8080/v1/claude/v1/messages \\
+         -d '{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hello"}]}'
     curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/embed/v1/embeddings \\
          -d '{"model":"emb-m3","input":["a","b"]}' | head -c 200; echo
     curl -s http://127.0.0.1:9100/metrics | grep ^portcullis_                           # portcullis_tokens_total too

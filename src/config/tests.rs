@@ -40,7 +40,7 @@ fn the_reference_config_parses() {
 #[test]
 fn the_demo_config_parses() {
     let text = std::fs::read_to_string("conf/demo.toml").unwrap();
-    assert_eq!(parse(&text).unwrap().services.len(), 4);
+    assert_eq!(parse(&text).unwrap().services.len(), 5);
 }
 
 #[test]
