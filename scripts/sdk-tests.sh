@@ -2,11 +2,13 @@
 # SDK conformance and real-identity-provider tests (`make test` runs this after `cargo test`).
 #
 # Installs, only when missing or when their pins changed:
-#   .venv/                   the official `openai` Python SDK (tests/sdk/requirements.txt)
-#   tests/sdk/node_modules/  the official `openai` Node SDK and `oidc-provider` (npm ci, lockfile)
+#   .venv/                   the official `openai` and `anthropic` Python SDKs (tests/sdk/requirements.txt)
+#   tests/sdk/node_modules/  the official `openai` and `@anthropic-ai/sdk` Node SDKs and
+#                            `oidc-provider` (npm ci, lockfile)
 # then runs tests/sdk/run.py against target/debug/portcullis in front of the fake upstream's demo
 # model, target/debug/fake-upstream (both built by `cargo build` when missing; BIN= and UPSTREAM=
 # override).
+# SDK_TESTS_ONLY=agents runs only the agent API checks (both stores).
 # Runs the suite twice: with a SQLite key store, then with a PostgreSQL one (a throwaway server
 # started here, or PORTCULLIS_TEST_POSTGRES_URL). Each run ends with the driver's
 # `N passed, N failed` line; exits non-zero when any check failed.
@@ -18,6 +20,7 @@ VENV=.venv
 BIN=${BIN:-target/debug/portcullis}
 UPSTREAM=${UPSTREAM:-target/debug/fake-upstream}
 RUN_TIMEOUT=${SDK_TESTS_TIMEOUT:-900}   # the driver stops itself at 600 s; this is the backstop
+ONLY=${SDK_TESTS_ONLY:-all}             # agents: only the agent API checks (run.py --only)
 
 NAME=sdk-tests
 . scripts/lib.sh
@@ -27,13 +30,13 @@ need node "the Node SDK and the identity provider need Node.js"
 need npm "the Node packages are installed with npm"
 
 # ---- Python: a virtualenv with the pinned openai SDK; Node: openai and oidc-provider ----
-python_venv "$VENV" "$SDK/requirements.txt" openai
+python_venv "$VENV" "$SDK/requirements.txt" "openai, anthropic"
 npm_ci "$SDK"
 gateway_binary "$BIN"
 gateway_binary "$UPSTREAM"
 
 say "running $SDK/run.py against $BIN (SQLite key store)"
-timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$SDK/run.py" --bin "$BIN" --upstream "$UPSTREAM"
+timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$SDK/run.py" --bin "$BIN" --upstream "$UPSTREAM" --only "$ONLY"
 
 # ---- once more with the fleet key store: a throwaway PostgreSQL server (or the given one) ----
 PG_URL=${PORTCULLIS_TEST_POSTGRES_URL:-}
@@ -58,4 +61,4 @@ if [ -z "$PG_URL" ]; then
 fi
 say "running $SDK/run.py against $BIN (Postgres key store)"
 timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$SDK/run.py" --bin "$BIN" --upstream "$UPSTREAM" \
-    --key-store "$PG_URL"
+    --key-store "$PG_URL" --only "$ONLY"

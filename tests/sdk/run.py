@@ -5,7 +5,9 @@ Starts, on 127.0.0.1 and free ports: the fake upstream's demo model (target/debu
 testkit/src/upstream/model.rs), a real OpenID Provider (tests/sdk/idp.mjs, npm oidc-provider
 9.x) and the real gateway binary in front of the upstream, with API keys made by the real CLI.
 Then it drives the gateway with the official `openai` Python SDK, the official `openai` Node SDK
-(tests/sdk/node.test.mjs) and tokens from the provider, printing one line per check and, last,
+(tests/sdk/node.test.mjs), the agent APIs (OpenAI Responses, Anthropic Messages) through the
+official openai and anthropic SDKs of both languages (tests/sdk/agents.py, agents.test.mjs) and
+tokens from the provider, printing one line per check and, last,
 exactly `N passed, N failed`. The gateway enforces budgets ([budgets]); the budget checks
 (tests/sdk/budgets.py and the Node file's) make budgeted keys of their own.
 
@@ -36,6 +38,7 @@ import urllib.parse
 import urllib.request
 import zlib
 
+import anthropic
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,6 +46,7 @@ from harness import (  # noqa: E402  (tests/harness.py)
     CheckFailed, Child, Results, expect, expect_eq, finish, free_port, tail)
 from metering import METRICS_WAIT, metering_checks, settled_token_counts, token_counts  # noqa: E402
 from budgets import BUDGETS_TOML, budget_checks, wait_for_a_whole_day  # noqa: E402
+from agents import AGENTS_TOML, agent_checks  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SDK_DIR = os.path.join(ROOT, "tests", "sdk")
@@ -241,7 +245,8 @@ issuer = "{issuer}"
 audience = "{AUDIENCE}"
 
 {BUDGETS_TOML}
-{services}""")
+{services}
+{AGENTS_TOML.replace("{port}", str(upstream_port))}""")
         self.child = Child("gateway", [binary, "serve", "--config", self.config],
                            os.path.join(tmp, "gateway.log"), wait_listening=False,
                            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")})
@@ -580,15 +585,27 @@ def run_budget_suite(res, gw, free_token):
         res.check(f"[py budgets] {name}", fn)
 
 
-def run_node_suite(res, gw, label, token, tmp, budgets=False):
-    """`budgets`: also the Node budget tests, which make their keys with the gateway's CLI."""
+def run_agent_suite(res, gw):
+    """The agent API checks (tests/sdk/agents.py), once: they make their keys themselves."""
+    try:
+        checks = agent_checks(gw, CHATX_DEFAULT, CHATX_ALIASES)
+    except Exception as e:  # no key: report it, run the rest
+        res.record("[py agents] a key for the agent checks", False, f"{type(e).__name__}: {e}")
+        return
+    for name, fn in checks:
+        res.check(f"[py agents] {name}", fn)
+
+
+def run_node_suite(res, gw, label, token, tmp, budgets=False, file="node.test.mjs"):
+    """`budgets`: also the Node budget tests, which make their keys with the gateway's CLI (as
+    the agent tests, agents.test.mjs, always do)."""
     env = {**os.environ, "PORTCULLIS_URL": gw.url, "PORTCULLIS_TOKEN": token,
            "PORTCULLIS_METRICS_URL": gw.metrics_url}
     if budgets:
         env.update(PORTCULLIS_CLI=os.path.abspath(gw.binary), PORTCULLIS_CONFIG=gw.config)  # node runs in SDK_DIR
     log = os.path.join(tmp, f"node-{label}.log")
     try:
-        out = subprocess.run(["node", "--test", "--test-reporter=tap", os.path.join(SDK_DIR, "node.test.mjs")],
+        out = subprocess.run(["node", "--test", "--test-reporter=tap", os.path.join(SDK_DIR, file)],
                              capture_output=True, text=True, timeout=120, env=env, cwd=SDK_DIR)
         text, code = out.stdout + out.stderr, out.returncode
     except subprocess.TimeoutExpired as e:
@@ -734,6 +751,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
     ap.add_argument("--key-store", help="[auth.api_keys] database (default: a SQLite file in the temp dir)")
     ap.add_argument("--timeout", type=int, default=600, help="whole-run limit in seconds")
+    ap.add_argument("--only", choices=("all", "agents"), default="all",
+                    help="agents: the agent API checks alone (Python and Node)")
     args = ap.parse_args()
 
     def on_signal(signum, frame):
@@ -750,7 +769,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="portcullis-sdk-")
     res = Results(quiet=(openai.APIError,))
     store = "Postgres" if (args.key_store or "").startswith("postgres") else "SQLite"
-    print(f"openai (Python) {openai.__version__}; {store} key store; logs in {tmp}", flush=True)
+    print(f"openai (Python) {openai.__version__}, anthropic {anthropic.__version__}; {store} key store; "
+          f"logs in {tmp}", flush=True)
     try:
         upstream = Child("upstream", [args.upstream, "--port", "0", "--token-delay-ms", "2"],
                          os.path.join(tmp, "upstream.log"), wait_listening=True)
@@ -758,7 +778,7 @@ def main():
         idp.start()
         gw = Gateway(args.bin, tmp, upstream.port, idp.issuer, args.key_store)
         print(f"upstream :{upstream.port}, provider {idp.issuer}, gateway {gw.url}", flush=True)
-        key_all = gw.create_key("sdk-all", "infer,chatx,chaty,embed")
+        key_all = gw.create_key("sdk-all", "infer,chatx,chaty,embed,claude")
         key_embed = gw.create_key("sdk-embed-only", "embed")
 
         res.check("[py] a bad API key raises AuthenticationError", expect_unauthorized,
@@ -767,17 +787,20 @@ def main():
                   lambda: gw.sdk("embed", "sk-not-a-portcullis-key").embeddings.create(
                       model=EMB_MODEL, input=["x"]), "a malformed token")
 
-        code_token, cc_token = idp_checks(res, gw, idp)
-        run_sdk_suite(res, gw, "api-key", key_all, key_embed)
-        run_budget_suite(res, gw, key_all)
-        run_node_suite(res, gw, "api-key", key_all, tmp, budgets=True)
-        if code_token and cc_token:
-            # cc_token holds infer+embed only: its chatx call must give 403.
-            run_sdk_suite(res, gw, "jwt", code_token, cc_token)
-            run_node_suite(res, gw, "jwt", code_token, tmp)
-        else:
-            res.record("[py jwt] SDK suite with a provider-issued JWT", False, "no JWT could be obtained")
-        rotation_check(res, gw, idp)
+        run_agent_suite(res, gw)
+        run_node_suite(res, gw, "agents", key_all, tmp, budgets=True, file="agents.test.mjs")
+        if args.only == "all":
+            code_token, cc_token = idp_checks(res, gw, idp)
+            run_sdk_suite(res, gw, "api-key", key_all, key_embed)
+            run_budget_suite(res, gw, key_all)
+            run_node_suite(res, gw, "api-key", key_all, tmp, budgets=True)
+            if code_token and cc_token:
+                # cc_token holds infer+embed only: its chatx call must give 403.
+                run_sdk_suite(res, gw, "jwt", code_token, cc_token)
+                run_node_suite(res, gw, "jwt", code_token, tmp)
+            else:
+                res.record("[py jwt] SDK suite with a provider-issued JWT", False, "no JWT could be obtained")
+            rotation_check(res, gw, idp)
     except BaseException as e:  # setup failure, timeout or signal: count it, then clean up
         res.failed += 1
         print(f"FAIL  run aborted: {type(e).__name__}: {e}", flush=True)
