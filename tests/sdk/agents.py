@@ -131,7 +131,7 @@ def agent_checks(gw, chatx_default, chatx_aliases):
     oa = openai.OpenAI(base_url=gw.base("chatx"), api_key=key, max_retries=0, timeout=20)
 
     def claude(token, **kw):
-        # auth_token sends Authorization: Bearer; api_key would send x-api-key.
+        # auth_token sends Authorization: Bearer, as Claude Code's ANTHROPIC_AUTH_TOKEN does.
         return anthropic.Anthropic(base_url=f"{gw.url}/v1/claude", max_retries=0, timeout=20,
                                    **({"auth_token": token} if token else {}), **kw)
     an = claude(key)
@@ -253,12 +253,18 @@ def agent_checks(gw, chatx_default, chatx_aliases):
             anthropic.BadRequestError, 'messages[0].role must be "user" or "assistant"')
 
     def x_api_key_refused():
+        # The key in x-api-key alone (Anthropic's own header) is no credential here. (These SDK
+        # versions send api_key= as a Bearer token too, so the header is set by hand.)
+        sent = {}
         try:
-            claude(None, api_key=key).messages.create(model="claude-sonnet-4-5", max_tokens=8,
-                                                      messages=[{"role": "user", "content": "x"}])
+            claude(None, default_headers={"X-Api-Key": key}).messages.with_raw_response.create(
+                model="claude-sonnet-4-5", max_tokens=8, messages=[{"role": "user", "content": "x"}])
         except anthropic.AuthenticationError as e:
+            sent = e.response.request.headers
             expect_eq((e.status_code, e.response.json()), (401, {"error": "unauthorized"}), "response")
-            return "api_key= (x-api-key) gets 401"
+            expect("authorization" not in sent and sent.get("x-api-key") == key, f"headers sent {sent}")
+            expect_eq(e.response.headers.get("www-authenticate"), "Bearer", "WWW-Authenticate")
+            return "x-api-key alone gets 401"
         raise CheckFailed("a key sent as x-api-key was accepted")
 
     def budgets():
@@ -300,6 +306,6 @@ def agent_checks(gw, chatx_default, chatx_aliases):
         ("claude: messages=[] raises BadRequestError with the gateway's message", messages_malformed),
         ("claude: stream=True, max_tokens=0 raises BadRequestError", messages_malformed_stream),
         ("claude: count_tokens with a system role raises BadRequestError", count_tokens_malformed),
-        ("claude: api_key= (x-api-key) is not accepted: AuthenticationError", x_api_key_refused),
+        ("claude: a key in x-api-key alone is not accepted: AuthenticationError 401", x_api_key_refused),
         ("budgets: tokens_per_day and requests_per_day refusals are each SDK's RateLimitError", budgets),
     ]
