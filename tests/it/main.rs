@@ -3,8 +3,8 @@
 //! on loopback in front of real servers from the test kit.
 
 mod access_log;
-mod agent_streams;
 mod admin_api;
+mod agent_streams;
 mod auth;
 mod budget_admin;
 mod budgets;

@@ -306,7 +306,7 @@ fn oa_answer(endpoint: AgentEndpoint, model: Value, stream: bool, n: u64) -> Vec
     } else {
         vec![TRAP]
     };
-    let answer = match endpoint {
+    match endpoint {
         AgentEndpoint::Responses => {
             let usage = if stream {
                 RESPONSES_SSE_USAGE
@@ -347,8 +347,7 @@ fn oa_answer(endpoint: AgentEndpoint, model: Value, stream: bool, n: u64) -> Vec
             }
             m.events()
         }
-    };
-    answer
+    }
 }
 
 /// The body the fake upstream sends (decoded) for a JSON request to `endpoint` whose `model`
