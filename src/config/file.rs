@@ -191,7 +191,7 @@ pub struct Service {
     pub ca_file: Option<String>,
     #[serde(default)]
     pub upstream_headers: BTreeMap<String, String>,
-    /// `openai`: the gateway reads chat/embeddings request bodies on this service.
+    /// `openai` or `anthropic`: the gateway reads the bodies of that API's endpoints.
     pub api: Option<String>,
     pub models: Option<Models>,
 }

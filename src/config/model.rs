@@ -80,7 +80,7 @@ pub struct ConnectionLimits {
     pub max_connections_per_client: usize,
 }
 
-/// The bodies the gateway reads whole (chat and embeddings on `api = "openai"` services).
+/// The bodies the gateway reads whole (the endpoints of services with an `api`).
 #[derive(Debug, Clone)]
 pub struct BufferLimits {
     /// `max_buffered_body_bytes`: one body.
@@ -165,9 +165,9 @@ pub struct ServiceConfig {
     pub rate_limit_per_minute: Option<u32>,
     /// DER certificates from `ca_file`: the only roots trusted for this upstream when set.
     pub ca_certs: Option<Vec<Vec<u8>>>,
-    /// Set by `api = "openai"`: chat and embeddings bodies are validated and the model policy
-    /// applied. `None`: bodies are never read.
-    pub openai: Option<Models>,
+    /// Set by `api` (`openai` or `anthropic`): the bodies of that API's endpoints are
+    /// validated and the model policy applied. `None`: bodies are never read.
+    pub models: Option<Models>,
 }
 
 #[derive(Debug, Clone, Default)]

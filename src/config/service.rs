@@ -8,7 +8,7 @@ use http::header::{HeaderName, HeaderValue};
 use super::parse::load_pem_certs;
 use super::validate::Validator;
 use super::{file, one_line, ServiceConfig};
-use crate::model_policy::Models;
+use crate::model_policy::{Api, Models};
 use crate::scope::Scope;
 
 /// Request headers an operator may not inject: they would break framing or routing.
@@ -110,7 +110,7 @@ impl Validator<'_> {
                 self.problem(&format!("{key}.{k}"), "must be at least 1");
             }
         }
-        let openai = self.openai_policy(&key, s.api.as_deref(), s.models);
+        let models = self.model_policy(&key, s.api.as_deref(), s.models);
         Some(ServiceConfig {
             name,
             scope: scope?,
@@ -122,37 +122,41 @@ impl Validator<'_> {
             upstream_headers,
             rate_limit_per_minute: s.rate_limit_per_minute,
             ca_certs,
-            openai,
+            models,
         })
     }
 
     /// `api` and `[services.<name>.models]`: a policy only means something on a service whose
-    /// bodies the gateway reads, so `models` without `api = "openai"` is refused, not ignored.
-    fn openai_policy(
+    /// bodies the gateway reads, so `models` without `api` is refused, not ignored.
+    fn model_policy(
         &mut self,
         key: &str,
         api: Option<&str>,
         models: Option<file::Models>,
     ) -> Option<Models> {
-        match api {
+        let api = match api {
             None => {
                 if models.is_some() {
-                    self.problem(&format!("{key}.models"), "needs `api = \"openai\"`");
+                    self.problem(
+                        &format!("{key}.models"),
+                        "needs `api = \"openai\"` or `api = \"anthropic\"`",
+                    );
                 }
                 return None;
             }
-            Some("openai") => {}
+            Some("openai") => Api::OpenAi,
+            Some("anthropic") => Api::Anthropic,
             Some(other) => {
                 self.problem(
                     &format!("{key}.api"),
                     format!(
-                        "`{}` is not a known API: the one supported is `openai`",
+                        "`{}` is not a known API: the ones supported are `openai` and `anthropic`",
                         one_line(other)
                     ),
                 );
                 return None;
             }
-        }
+        };
         let models = models.unwrap_or(file::Models {
             default: None,
             aliases: Default::default(),
@@ -168,6 +172,6 @@ impl Validator<'_> {
                 );
             }
         }
-        Some(Models::new(models.default, models.aliases))
+        Some(Models::new(models.default, models.aliases).for_api(api))
     }
 }

@@ -238,24 +238,30 @@ fn toml_errors_and_summaries_are_one_line() {
 fn the_model_policy_is_opt_in_and_checked() {
     let c = parse(MINIMAL).unwrap();
     assert!(
-        c.services[0].openai.is_none(),
+        c.services[0].models.is_none(),
         "bodies are never read by default"
     );
     let c = parse(&format!(
         "{MINIMAL}api = \"openai\"\n[services.infer.models]\ndefault = \"m-1\"\naliases = {{ m = \"m-1\" }}\n"
     ))
     .unwrap();
-    assert!(c.services[0].openai.is_some());
-    let p = problems(&format!("{MINIMAL}api = \"anthropic\"\n"));
+    assert!(c.services[0].models.is_some());
+    let c = parse(&format!("{MINIMAL}api = \"anthropic\"\n")).unwrap();
+    let models = c.services[0].models.as_ref().unwrap();
+    assert_eq!(models.api(), crate::model_policy::Api::Anthropic);
+    let p = problems(&format!("{MINIMAL}api = \"gemini\"\n"));
     assert!(
-        p.contains("services.infer.api") && p.contains("`anthropic` is not a known API"),
+        p.contains("services.infer.api")
+            && p.contains(
+                "`gemini` is not a known API: the ones supported are `openai` and `anthropic`"
+            ),
         "{p}"
     );
     let p = problems(&format!(
         "{MINIMAL}[services.infer.models]\ndefault = \"m\"\n"
     ));
     assert!(
-        p.contains("services.infer.models: needs `api = \"openai\"`"),
+        p.contains("services.infer.models: needs `api = \"openai\"` or `api = \"anthropic\"`"),
         "{p}"
     );
     let p = problems(&format!(

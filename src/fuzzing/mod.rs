@@ -11,7 +11,7 @@ mod usage;
 #[cfg(test)]
 pub(crate) use usage::usage_in_chunks;
 
-pub use model_body::model_body;
+pub use model_body::{messages_body, model_body, responses_body};
 pub use requests::{
     access_log_json, api_key, bearer_token, config_loader, jwt_precheck, path_classifier,
 };
@@ -21,7 +21,7 @@ pub use usage::usage_scanner;
 pub type Check = fn(&[u8]);
 
 /// Every fuzz target by name, for the corpus replay.
-pub const TARGETS: [(&str, Check); 8] = [
+pub const TARGETS: [(&str, Check); 10] = [
     ("path_classifier", path_classifier),
     ("bearer_token", bearer_token),
     ("api_key", api_key),
@@ -29,5 +29,7 @@ pub const TARGETS: [(&str, Check); 8] = [
     ("config_loader", config_loader),
     ("access_log_json", access_log_json),
     ("model_body", model_body),
+    ("responses_body", responses_body),
+    ("messages_body", messages_body),
     ("usage_scanner", usage_scanner),
 ];

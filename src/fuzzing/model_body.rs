@@ -71,13 +71,64 @@ const EMBEDDINGS_ERRORS: [&str; 3] = [
     "input must be a string, an array of strings, an array of integers or an array of \
      integer arrays",
 ];
+const RESPONSES_ERRORS: [&str; 8] = [
+    "input is required",
+    "input appears more than once",
+    "input must be a string or an array",
+    "input[N] must be an object",
+    "prompt appears more than once",
+    "max_output_tokens appears more than once",
+    "max_output_tokens must be a non-negative integer",
+    "stream appears more than once",
+];
+const RESPONSES_STREAM: [&str; 1] = ["stream must be a boolean"];
+/// What Messages and count_tokens bodies can both get.
+const ANTHROPIC_ERRORS: [&str; 12] = [
+    "messages is required",
+    "messages appears more than once",
+    "messages must be a non-empty array",
+    "messages[N] must be an object",
+    "messages[N].role appears more than once",
+    "messages[N].role must be \"user\" or \"assistant\"",
+    "messages[N].content appears more than once",
+    "messages[N].content must be a string or an array of content blocks",
+    "messages[N].content[N] must be an object",
+    "system appears more than once",
+    "system must be a string or an array",
+    "stream appears more than once",
+];
+/// What only Messages bodies get (count_tokens reads neither `stream` nor `max_tokens`).
+const MESSAGES_ERRORS: [&str; 4] = [
+    "max_tokens is required",
+    "max_tokens appears more than once",
+    "max_tokens must be a positive integer",
+    "stream must be a boolean",
+];
 
-/// `model_policy::apply` on an arbitrary body, for both endpoints, with and without a policy:
-/// it never panics; the policy never changes whether a body is accepted; an accepted body is
-/// a JSON object of the promised shape (checked here on serde_json's own reading); a changed
-/// body is the original with only its model token replaced or a model inserted; a refusal
-/// is one line from a fixed vocabulary, so it never quotes the body.
+/// `model_policy::apply` on an arbitrary body, for the chat, completions and embeddings
+/// endpoints, with and without a policy: it never panics; the policy never changes whether a
+/// body is accepted; an accepted body is a JSON object of the promised shape (checked here on
+/// serde_json's own reading); a changed body is the original with only its model token
+/// replaced or a model inserted; a refusal is one line from a fixed vocabulary, so it never
+/// quotes the body.
 pub fn model_body(data: &[u8]) {
+    bodies(
+        data,
+        &[Endpoint::Chat, Endpoint::Completions, Endpoint::Embeddings],
+    );
+}
+
+/// The same invariants on OpenAI Responses bodies.
+pub fn responses_body(data: &[u8]) {
+    bodies(data, &[Endpoint::Responses]);
+}
+
+/// The same invariants on Anthropic Messages and count_tokens bodies.
+pub fn messages_body(data: &[u8]) {
+    bodies(data, &[Endpoint::Messages, Endpoint::CountTokens]);
+}
+
+fn bodies(data: &[u8], endpoints: &[Endpoint]) {
     let none = Models::new(None, []);
     let policy = Models::new(
         Some(DEFAULT_MODEL.to_string()),
@@ -85,7 +136,7 @@ pub fn model_body(data: &[u8]) {
     );
     // What serde_json reads, the reference every outcome is compared with.
     let parsed = serde_json::from_slice::<Value>(data).ok();
-    for endpoint in [Endpoint::Chat, Endpoint::Completions, Endpoint::Embeddings] {
+    for &endpoint in endpoints {
         let plain = model_policy::apply(endpoint, data, &none);
         let with = model_policy::apply(endpoint, data, &policy);
         let (plain, with) = match (plain, with) {
@@ -137,13 +188,16 @@ pub fn model_body(data: &[u8]) {
 
 /// The completion tokens a request states it may use, as budgets reserve them: the larger
 /// of `max_tokens` and `max_completion_tokens` times the larger of `n` and `best_of` (1 when
-/// neither), none without a cap, 0 on embeddings.
+/// neither), none without a cap, 0 on embeddings and token counting; Responses'
+/// `max_output_tokens`, Messages' `max_tokens`.
 fn assert_completion_cap(endpoint: Endpoint, data: &[u8], value: &Value, policy: &Models) {
     let plan = model_policy::plan(endpoint, data, policy).expect("accepted above");
     let count = |name: &str| value.get(name).and_then(Value::as_u64);
     let larger = |a: Option<u64>, b: Option<u64>| a.max(b);
     let wanted = match endpoint {
-        Endpoint::Embeddings => Some(0),
+        Endpoint::Embeddings | Endpoint::CountTokens => Some(0),
+        Endpoint::Responses => count("max_output_tokens"),
+        Endpoint::Messages => count("max_tokens"),
         _ => larger(count("max_tokens"), count("max_completion_tokens")).map(|cap| {
             let choices = larger(count("n"), count("best_of")).unwrap_or(1).max(1);
             cap.saturating_mul(choices)
@@ -168,7 +222,8 @@ fn assert_usage_asked(
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
         == Some(&Value::Bool(true));
-    let wanted_edit = streamed && !asks && endpoint != Endpoint::Embeddings;
+    let classic = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
+    let wanted_edit = streamed && !asks && classic;
     assert_eq!(
         plan.usage.is_some(),
         wanted_edit,
@@ -218,6 +273,9 @@ fn assert_refusal(endpoint: Endpoint, e: &BodyError, body: &[u8], parsed: Option
         Endpoint::Chat => (&CHAT_ERRORS, &STREAM_ERRORS, &COUNT_ERRORS),
         Endpoint::Completions => (&COMPLETIONS_ERRORS, &STREAM_ERRORS, &COUNT_ERRORS),
         Endpoint::Embeddings => (&EMBEDDINGS_ERRORS, &[], &[]),
+        Endpoint::Responses => (&RESPONSES_ERRORS, &RESPONSES_STREAM, &[]),
+        Endpoint::Messages => (&ANTHROPIC_ERRORS, &MESSAGES_ERRORS, &[]),
+        Endpoint::CountTokens => (&ANTHROPIC_ERRORS, &[], &[]),
     };
     let known = [&BODY_ERRORS[..], for_endpoint, streamed, counts];
     assert!(
@@ -352,6 +410,45 @@ fn well_shaped(endpoint: Endpoint, body: &Value) -> bool {
                 }
         }
         Endpoint::Embeddings => tokens(body.get("input")),
+        Endpoint::Responses => {
+            let boolean = |v: &Value| v.is_boolean() || v.is_null();
+            let count = |v: &Value| v.is_u64() || v.is_null();
+            let present = |name| body.get(name).is_some_and(|v| !v.is_null());
+            body.get("stream").is_none_or(boolean)
+                && body.get("max_output_tokens").is_none_or(count)
+                && match body.get("input") {
+                    Some(Value::String(_)) => true,
+                    Some(Value::Array(items)) => items.iter().all(Value::is_object),
+                    None | Some(Value::Null) => present("prompt"),
+                    Some(_) => false,
+                }
+        }
+        Endpoint::Messages | Endpoint::CountTokens => {
+            let messages = endpoint == Endpoint::Messages;
+            let message = |m: &Value| {
+                m.as_object().is_some_and(|m| {
+                    matches!(
+                        m.get("role").and_then(Value::as_str),
+                        Some("user" | "assistant")
+                    ) && match m.get("content") {
+                        Some(Value::String(_)) => true,
+                        Some(Value::Array(blocks)) => blocks.iter().all(Value::is_object),
+                        _ => false,
+                    }
+                })
+            };
+            let max_tokens = body.get("max_tokens").and_then(Value::as_u64);
+            let stream = body.get("stream");
+            let streams = stream.is_none_or(|v| v.is_boolean() || v.is_null());
+            (!messages || (max_tokens.is_some_and(|n| n > 0) && streams))
+                && body
+                    .get("system")
+                    .is_none_or(|s| s.is_null() || s.is_string() || s.is_array())
+                && body
+                    .get("messages")
+                    .and_then(Value::as_array)
+                    .is_some_and(|ms| !ms.is_empty() && ms.iter().all(message))
+        }
     }
 }
 

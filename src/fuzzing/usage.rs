@@ -8,7 +8,7 @@ use serde_json::Value;
 use bytes::Bytes;
 
 use crate::usage::strip::UsageStripper;
-use crate::usage::{Encoding, Framing, Usage, UsageScanner};
+use crate::usage::{Dialect, Encoding, Framing, Usage, UsageScanner};
 
 use super::model_body::top_level_members;
 
@@ -116,7 +116,7 @@ pub(crate) fn usage_in_chunks(
     body: &[u8],
     sizes: &[usize],
 ) -> Option<Usage> {
-    let mut scanner = UsageScanner::new(framing, encoding);
+    let mut scanner = UsageScanner::new(framing, encoding, Dialect::OpenAi);
     let mut rest = body;
     for &size in sizes.iter().cycle() {
         if rest.is_empty() {

@@ -9,6 +9,15 @@
 //! never changed. (Encoded slashes, backslashes and dot segments never get here: the router
 //! refuses them.)
 
+/// The API a service speaks (`api` in its config): which endpoints have their bodies read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// Chat, completions, embeddings and the Responses API.
+    OpenAi,
+    /// Anthropic's Messages API and its token counting.
+    Anthropic,
+}
+
 /// The requests whose bodies the gateway reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -16,18 +25,40 @@ pub enum Endpoint {
     /// Text completions (`/completions`).
     Completions,
     Embeddings,
+    /// OpenAI's Responses API (`/responses`).
+    Responses,
+    /// Anthropic's Messages API (`/messages`).
+    Messages,
+    /// `/messages/count_tokens`: a Messages body without `max_tokens`; nothing is generated.
+    CountTokens,
 }
 
-const ENDPOINTS: [(&[u8], Endpoint); 3] = [
+/// Each API's endpoints, a longer suffix before any shorter one it ends with.
+const OPENAI: [(&[u8], Endpoint); 4] = [
     (b"/chat/completions", Endpoint::Chat),
     (b"/completions", Endpoint::Completions),
     (b"/embeddings", Endpoint::Embeddings),
+    (b"/responses", Endpoint::Responses),
+];
+const ANTHROPIC: [(&[u8], Endpoint); 2] = [
+    (b"/messages/count_tokens", Endpoint::CountTokens),
+    (b"/messages", Endpoint::Messages),
 ];
 
+impl Api {
+    fn endpoints(self) -> &'static [(&'static [u8], Endpoint)] {
+        match self {
+            Api::OpenAi => &OPENAI,
+            Api::Anthropic => &ANTHROPIC,
+        }
+    }
+}
+
 impl Endpoint {
-    /// A POST whose path (the part before any '?') ends in one of the endpoints, however it
-    /// is spelt; anything else is not read.
-    pub fn of(method: &http::Method, forwarded_path: &[u8]) -> Option<Endpoint> {
+    /// A POST whose path (the part before any '?') ends in one of `api`'s endpoints, however
+    /// it is spelt; anything else is not read. (An OpenAI service's `/threads/…/messages` is
+    /// not Anthropic's `/messages`: each API has its own list.)
+    pub fn of(api: Api, method: &http::Method, forwarded_path: &[u8]) -> Option<Endpoint> {
         if method != http::Method::POST {
             return None;
         }
@@ -37,18 +68,23 @@ impl Endpoint {
         };
         // Most requests spell the endpoint plainly: no copy then.
         if !path.iter().any(|&b| b == b'%' || b == b';') {
-            return matching(path);
+            return matching(api, path);
         }
-        matching(&normalized(path))
+        matching(api, &normalized(path))
+    }
+
+    /// Whether the endpoint generates text (so its response may stream and its request caps
+    /// what it generates).
+    pub fn generates(self) -> bool {
+        !matches!(self, Endpoint::Embeddings | Endpoint::CountTokens)
     }
 }
 
 /// The endpoint `path` names, compared without case and without trailing slashes.
-fn matching(path: &[u8]) -> Option<Endpoint> {
+fn matching(api: Api, path: &[u8]) -> Option<Endpoint> {
     let end = path.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
     let path = &path[..end];
-    // `/chat/completions` is tried before `/completions`, which it ends with.
-    ENDPOINTS.iter().find_map(|&(suffix, endpoint)| {
+    api.endpoints().iter().find_map(|&(suffix, endpoint)| {
         let tail = path.len().checked_sub(suffix.len())?;
         path[tail..]
             .eq_ignore_ascii_case(suffix)
@@ -97,7 +133,35 @@ mod tests {
     use super::*;
 
     fn of(path: &str) -> Option<Endpoint> {
-        Endpoint::of(&http::Method::POST, path.as_bytes())
+        Endpoint::of(Api::OpenAi, &http::Method::POST, path.as_bytes())
+    }
+
+    fn anthropic(path: &str) -> Option<Endpoint> {
+        Endpoint::of(Api::Anthropic, &http::Method::POST, path.as_bytes())
+    }
+
+    #[test]
+    fn each_api_reads_its_own_endpoints() {
+        assert_eq!(of("/v1/responses"), Some(Endpoint::Responses));
+        assert_eq!(of("/v1/Responses/"), Some(Endpoint::Responses));
+        assert_eq!(anthropic("/v1/messages"), Some(Endpoint::Messages));
+        assert_eq!(anthropic("/v1/messages/"), Some(Endpoint::Messages));
+        assert_eq!(
+            anthropic("/v1/messages/count_tokens?beta=true"),
+            Some(Endpoint::CountTokens)
+        );
+        assert_eq!(
+            anthropic("/v1/messages/count%5Ftokens"),
+            Some(Endpoint::CountTokens)
+        );
+        // Each API's paths only: the Assistants API's thread messages are not Anthropic's.
+        assert_eq!(of("/v1/threads/t1/messages"), None);
+        assert_eq!(of("/v1/messages"), None);
+        assert_eq!(anthropic("/v1/chat/completions"), None);
+        assert_eq!(anthropic("/v1/responses"), None);
+        assert_eq!(of("/v1/responses/resp_1"), None);
+        assert_eq!(of("/v1/responses/input_tokens"), None);
+        assert_eq!(anthropic("/v1/messages/batches"), None);
     }
 
     #[test]
@@ -135,7 +199,7 @@ mod tests {
             assert_eq!(of(path), None, "{path}");
         }
         assert_eq!(
-            Endpoint::of(&http::Method::GET, b"/v1/chat/completions"),
+            Endpoint::of(Api::OpenAi, &http::Method::GET, b"/v1/chat/completions"),
             None
         );
     }

@@ -1,8 +1,12 @@
-//! The model policy of `api = "openai"` services: chat, completions and embeddings bodies are
-//! checked for the shapes the gateway relies on, then a default model is inserted or an alias
-//! replaced, and a streamed request is made to report its usage. Everything else in the body
-//! goes upstream byte for byte as the client sent it.
+//! The model policy of services with an `api`: the bodies of the endpoints the gateway reads
+//! (chat, completions, embeddings and Responses on `api = "openai"`; Messages and their token
+//! counting on `api = "anthropic"`) are checked for the shapes the gateway relies on, then a
+//! default model is inserted or an alias replaced, and a streamed chat or completions request
+//! is made to report its usage. Everything else in the body goes upstream byte for byte as
+//! the client sent it.
 
+#[cfg(test)]
+mod agent_tests;
 mod body;
 #[cfg(test)]
 mod edit_tests;
@@ -18,13 +22,14 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 
-pub use endpoint::Endpoint;
+pub use endpoint::{Api, Endpoint};
 use include_usage::UsageRequest;
 pub use include_usage::MAX_GROWTH as USAGE_MAX_GROWTH;
 
 /// A service's policy, built once at start-up so that `apply` encodes nothing.
 #[derive(Debug, Clone)]
 pub struct Models {
+    api: Api,
     default: Option<DefaultModel>,
     /// Alias name (unescaped) -> the model it stands for.
     aliases: HashMap<String, Target>,
@@ -79,10 +84,21 @@ impl Models {
             .max()
             .unwrap_or(0);
         Models {
+            api: Api::OpenAi,
             default,
             aliases,
             max_growth,
         }
+    }
+
+    /// The same policy on a service speaking `api`.
+    pub fn for_api(self, api: Api) -> Models {
+        Models { api, ..self }
+    }
+
+    /// The API the service speaks: which endpoints are read.
+    pub fn api(&self) -> Api {
+        self.api
     }
 
     /// The most bytes the policy can add to a body: room a held body keeps for its edit.
@@ -114,8 +130,9 @@ pub struct Plan<'a, 'm> {
     /// A streamed request that does not ask for its usage: the edit that asks for it.
     pub usage: Option<Edit<'static>>,
     /// The most completion tokens the request may use, as it states them (`max_tokens` or
-    /// `max_completion_tokens`, times `n` or `best_of`); 0 for embeddings; `None` when not
-    /// stated.
+    /// `max_completion_tokens`, times `n` or `best_of`; `max_output_tokens` on Responses; the
+    /// required `max_tokens` on Messages); 0 for embeddings and token counting; `None` when
+    /// not stated.
     pub completion_cap: Option<u64>,
 }
 
@@ -225,7 +242,10 @@ pub fn plan<'a, 'm: 'a>(
     models: &'m Models,
 ) -> Result<Plan<'a, 'm>, BodyError> {
     let scanned = body::scan(endpoint, body)?;
-    let usage = if scanned.stream {
+    // Only chat and completions streams report usage on request; the Responses and Messages
+    // streams always do.
+    let asks_usage = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
+    let usage = if scanned.stream && asks_usage {
         let options = match scanned.stream_options {
             true => Some(
                 body::member(body, "stream_options")
@@ -240,9 +260,9 @@ pub fn plan<'a, 'm: 'a>(
     } else {
         None
     };
-    let completion_cap = match endpoint {
-        Endpoint::Embeddings => Some(0),
-        _ => scanned.completion_cap(),
+    let completion_cap = match endpoint.generates() {
+        false => Some(0),
+        true => scanned.completion_cap(),
     };
     let (edit, model) = model_edit(scanned.model, body, models);
     Ok(Plan {
@@ -293,8 +313,8 @@ fn model_edit<'a, 'm: 'a>(
 /// Where, in `body`, the default goes: right after its opening brace.
 fn after_brace(body: &[u8]) -> usize {
     // The body was checked to be an object: only JSON whitespace comes before its brace, and
-    // it is never empty (it holds `messages`, `prompt` or `input`), so the inserted trailing
-    // comma is right.
+    // it is never empty (it holds `messages`, `prompt` or `input`, or on Responses `input`),
+    // so the inserted trailing comma is right.
     let after = body.iter().position(|&b| b == b'{').map_or(0, |i| i + 1);
     debug_assert!(body[..after.saturating_sub(1)]
         .iter()

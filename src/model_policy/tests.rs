@@ -5,7 +5,7 @@ fn no_policy() -> Models {
 }
 
 /// A default and two aliases, as a service's `[models]` table would give.
-fn policy() -> Models {
+pub(super) fn policy() -> Models {
     Models::new(
         Some("llama-3.1-8b".to_string()),
         [
@@ -23,20 +23,20 @@ fn refused(endpoint: Endpoint, body: &str) -> String {
 }
 
 /// Asserts each body is refused with its message.
-fn assert_refused(endpoint: Endpoint, cases: &[(&str, &str)]) {
+pub(super) fn assert_refused(endpoint: Endpoint, cases: &[(&str, &str)]) {
     for (body, message) in cases {
         assert_eq!(refused(endpoint, body), *message, "body: {body}");
     }
 }
 
-fn applied(endpoint: Endpoint, body: &str, models: &Models) -> Applied {
+pub(super) fn applied(endpoint: Endpoint, body: &str, models: &Models) -> Applied {
     match apply(endpoint, body.as_bytes(), models) {
         Ok(applied) => applied,
         Err(e) => panic!("refused {body}: {e}"),
     }
 }
 
-fn changed(endpoint: Endpoint, body: &str, models: &Models) -> String {
+pub(super) fn changed(endpoint: Endpoint, body: &str, models: &Models) -> String {
     let applied = applied(endpoint, body, models);
     String::from_utf8(applied.body.expect("a changed body")).expect("UTF-8")
 }
@@ -769,7 +769,7 @@ fn endpoints() {
     ];
     for (method, path, endpoint) in cases {
         assert_eq!(
-            Endpoint::of(method, path.as_bytes()),
+            Endpoint::of(Api::OpenAi, method, path.as_bytes()),
             *endpoint,
             "{method} {path}"
         );

@@ -37,7 +37,7 @@ impl Gateway {
             ctx.budget_decided = true;
             return Ok(());
         };
-        let ask = match &ctx.openai {
+        let ask = match &ctx.exchange {
             Some(exchange) => match exchange.ask {
                 Some((bytes, cap)) => budgets.ask(bytes, cap, true),
                 // A body held until complete: decided when it is.
@@ -63,7 +63,7 @@ impl Gateway {
         let (Some(budgets), Some(reservation)) = (&self.budgets, ctx.budget.take()) else {
             return;
         };
-        let charged = ctx.openai.as_ref().and_then(|x| x.metered.charged());
+        let charged = ctx.exchange.as_ref().and_then(|x| x.metered.charged());
         let tokens = charged.map_or(0, |c| {
             c.usage.prompt_tokens.unwrap_or(0) + c.usage.completion_tokens.unwrap_or(0)
         });

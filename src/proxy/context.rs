@@ -70,9 +70,9 @@ pub struct RequestCtx {
     pub upstream_sent: Option<Instant>,
     pub upstream_ttfb: Option<std::time::Duration>,
     pub streaming: bool,
-    /// A chat or embeddings call on an `api = "openai"` service; boxed, as most requests
+    /// A call on an endpoint the gateway reads (a service with an `api`); boxed, as most requests
     /// have none.
-    pub openai: Option<Box<super::openai::Exchange>>,
+    pub exchange: Option<Box<super::exchange::Exchange>>,
     /// The replica the request is with (counted in flight while held).
     pub replica: Option<crate::replicas::Chosen>,
     /// Replicas already tried by this request (bit i = replica i): each is tried once.
@@ -103,7 +103,7 @@ impl Default for RequestCtx {
             upstream_sent: None,
             upstream_ttfb: None,
             streaming: false,
-            openai: None,
+            exchange: None,
             replica: None,
             tried: 0,
             reached_replica: false,

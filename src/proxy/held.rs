@@ -1,4 +1,4 @@
-//! A body held back until it is complete (the hold path of `openai.rs`). Its buffer grows as
+//! A body held back until it is complete (the hold path of `exchange.rs`). Its buffer grows as
 //! the body arrives, each byte of capacity reserved from the shared [`Budget`] before it is
 //! allocated; the policy's edit is made where the body lies, in room kept for it, never in a
 //! copy. It goes to Pingora as `Bytes` that own the buffer and its reservation, so the budget

@@ -37,7 +37,7 @@ pub async fn reject(session: &mut Session, ctx: &mut RequestCtx, e: GatewayError
     }
     let head_only = session.req_header().method == Method::HEAD;
     ctx.local_status = Some(e.status());
-    let message = ctx.openai.as_ref().and_then(|x| x.error.as_ref());
+    let message = ctx.exchange.as_ref().and_then(|x| x.error.as_ref());
     e.respond_with_message(
         session,
         ctx.request_id.as_str(),
@@ -88,8 +88,8 @@ pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
             can_reuse_downstream: true,
         };
     }
-    let refused_body = ctx.openai.as_ref().and_then(|x| x.error.as_ref());
-    let error = (ctx.openai.as_ref().and_then(|x| x.failure(e)))
+    let refused_body = ctx.exchange.as_ref().and_then(|x| x.error.as_ref());
+    let error = (ctx.exchange.as_ref().and_then(|x| x.failure(e)))
         .or_else(|| GatewayError::from_proxy_error(e));
     let Some(error) = error else {
         return FailToProxy {

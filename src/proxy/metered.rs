@@ -10,7 +10,7 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::Result;
 
 use crate::usage::strip::UsageStripper;
-use crate::usage::{Encoding, Framing, Usage, UsageScanner};
+use crate::usage::{Dialect, Encoding, Framing, Usage, UsageScanner};
 
 /// What an exchange was charged, once it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +26,8 @@ pub struct Metered {
     request_bytes: usize,
     /// The gateway turned `include_usage` on: what it adds is removed from the stream.
     adds_usage: bool,
+    /// Where the endpoint's API puts its usage.
+    dialect: Dialect,
     /// None before the response, or when its coding cannot be read.
     scanner: Option<UsageScanner>,
     /// The response arrived in a coding the scanner does not read.
@@ -38,9 +40,10 @@ pub struct Metered {
 impl Metered {
     /// The request body as it was checked: its size, and whether the gateway asked for the
     /// usage the client did not.
-    pub fn request_read(&mut self, body_len: usize, adds_usage: bool) {
+    pub fn request_read(&mut self, body_len: usize, adds_usage: bool, dialect: Dialect) {
         self.request_bytes = body_len;
         self.adds_usage = adds_usage;
+        self.dialect = dialect;
     }
 
     /// The upstream's `Accept-Encoding`: only codings the scanner decodes, of those the client
@@ -75,7 +78,7 @@ impl Metered {
         };
         let coding = response.headers.get(http::header::CONTENT_ENCODING);
         let encoding = Encoding::from_header(coding.map(|v| v.as_bytes()));
-        self.scanner = encoding.map(|e| UsageScanner::new(framing, e));
+        self.scanner = encoding.map(|e| UsageScanner::new(framing, e, self.dialect));
         self.unreadable = encoding.is_none();
         self.event_stream = event_stream;
         self.strip = (self.adds_usage && event_stream && encoding == Some(Encoding::Identity))
@@ -123,13 +126,22 @@ impl Metered {
     ///
     /// A stream without a usage report is charged an estimate: one completion token per
     /// streamed event that carried a JSON object (OpenAI-compatible servers stream a token
-    /// per chunk), and a prompt of a token per 4 bytes of the request body.
+    /// per chunk), and a prompt of a token per 4 bytes of the request body. A stream cut
+    /// after its opening report only (Messages states its usage at the start, and its output
+    /// again at the end) is charged at least a token per event.
     pub fn settle(&mut self, status: u16, cut: bool) -> Option<&'static str> {
         let read = self.scanner.as_ref().and_then(UsageScanner::usage);
-        if let Some(usage) = read {
+        if let Some(mut usage) = read {
+            let scanner = self.scanner.as_ref();
+            let events = scanner.map_or(0, UsageScanner::events);
+            let short = scanner.is_some_and(UsageScanner::opening_only)
+                && usage.completion_tokens.is_none_or(|n| n < events);
+            if short {
+                usage.completion_tokens = Some(events);
+            }
             self.charged = Some(Charged {
                 usage,
-                estimated: false,
+                estimated: short,
             });
             return None;
         }

@@ -4,11 +4,11 @@
 mod budget;
 mod budgeted;
 mod context;
+pub mod exchange;
 mod headers;
 mod held;
 mod local;
 mod metered;
-pub mod openai;
 mod record;
 mod route;
 pub(crate) mod upstream;
@@ -46,8 +46,8 @@ pub struct Gateway {
     local_metrics: ServiceMetrics,
     unknown_metrics: ServiceMetrics,
     max_body: u64,
-    /// The bounds on bodies read whole, on `api = "openai"` services.
-    buffering: openai::Buffering,
+    /// The bounds on bodies read whole, on services with an `api`.
+    buffering: exchange::Buffering,
     auth: Authenticator,
     metrics: Arc<Metrics>,
     access_log: AccessLog,
@@ -61,8 +61,8 @@ enum Decision {
     /// `ctx.route` is set by then; the forwarded part starts at `forward_from`.
     Proxy {
         forward_from: usize,
-        /// A chat or embeddings call on an `api = "openai"` service: its body is read.
-        openai: Option<Endpoint>,
+        /// A call on an endpoint of the service's `api`: its body is read.
+        endpoint: Option<Endpoint>,
     },
     Health,
     Reject(GatewayError),
@@ -86,7 +86,7 @@ impl Gateway {
             local_metrics: metrics.for_service("_local"),
             unknown_metrics: metrics.for_service("_unknown"),
             max_body: config.server.max_request_body_bytes,
-            buffering: openai::Buffering::new(&config.server.buffering),
+            buffering: exchange::Buffering::new(&config.server.buffering),
             auth,
             metrics,
             access_log,
@@ -159,9 +159,8 @@ impl Gateway {
         }
         Decision::Proxy {
             forward_from: req.raw_path().len() - forward.len(),
-            openai: route
-                .models()
-                .and_then(|_| Endpoint::of(&req.method, forward)),
+            endpoint: (route.models())
+                .and_then(|models| Endpoint::of(models.api(), &req.method, forward)),
         }
     }
 }
@@ -183,15 +182,16 @@ impl ProxyHttp for Gateway {
         match self.decide(session, ctx).await {
             Decision::Proxy {
                 forward_from,
-                openai,
+                endpoint,
             } => {
                 ctx.forward_from = forward_from;
-                if let (Some(endpoint), Some(models)) = (openai, self.models(ctx.route)) {
+                if let (Some(endpoint), Some(models)) = (endpoint, self.models(ctx.route)) {
                     // Validate the body and apply the model policy before any upstream is chosen.
                     let (exchange, next) =
-                        openai::Exchange::begin(session, endpoint, models, &self.buffering).await?;
-                    ctx.openai = Some(Box::new(exchange));
-                    if let openai::Next::Refuse(e) = next {
+                        exchange::Exchange::begin(session, endpoint, models, &self.buffering)
+                            .await?;
+                    ctx.exchange = Some(Box::new(exchange));
+                    if let exchange::Next::Refuse(e) = next {
                         return local::reject(session, ctx, e).await;
                     }
                 }
@@ -219,7 +219,7 @@ impl ProxyHttp for Gateway {
             session.set_keepalive(None);
             return Error::e_explain(ErrorType::HTTPStatus(413), "request body over the limit");
         }
-        if let (Some(exchange), Some(models)) = (&mut ctx.openai, self.models(ctx.route)) {
+        if let (Some(exchange), Some(models)) = (&mut ctx.exchange, self.models(ctx.route)) {
             exchange.filter_body(session, body, end_of_stream, models)?;
             // A held body is complete: its budget, before any of it is sent upstream.
             if end_of_stream && !ctx.budget_decided {
@@ -350,7 +350,7 @@ impl ProxyHttp for Gateway {
             client_tls,
             ctx.request_id.as_str(),
         )?;
-        if let Some(exchange) = &ctx.openai {
+        if let Some(exchange) = &ctx.exchange {
             exchange.frame_upstream(upstream)?;
         }
         ctx.upstream_sent = Some(Instant::now());
@@ -370,7 +370,7 @@ impl ProxyHttp for Gateway {
             ctx.streaming = true;
             self.metrics.stream_started(self.service_label(ctx));
         }
-        if let Some(exchange) = &mut ctx.openai {
+        if let Some(exchange) = &mut ctx.exchange {
             let client = session.req_header().version;
             (exchange.metered).response_started(upstream_response, event_stream, client)?;
         }
@@ -386,7 +386,7 @@ impl ProxyHttp for Gateway {
     ) -> Result<Option<Duration>> {
         // Usage is read from the bytes as they pass; the chunk goes on at once, untouched
         // but for what the gateway's own `include_usage` added.
-        if let Some(exchange) = &mut ctx.openai {
+        if let Some(exchange) = &mut ctx.exchange {
             exchange.metered.response_chunk(body, end_of_stream);
         }
         // The replica is done with this request: before the client has the last byte, so its
@@ -458,7 +458,7 @@ impl ProxyHttp for Gateway {
         if ctx.streaming {
             self.metrics.stream_ended(service);
         }
-        if let Some(exchange) = &mut ctx.openai {
+        if let Some(exchange) = &mut ctx.exchange {
             let metered = &mut exchange.metered;
             if let Some(reason) = metered.settle(status, e.is_some()) {
                 self.metrics.usage_unread(service, reason);

@@ -19,7 +19,7 @@ pub fn access_line(
 ) -> Vec<u8> {
     let req = session.req_header();
     let elapsed = ctx.start.elapsed();
-    let charged = ctx.openai.as_ref().and_then(|x| x.metered.charged());
+    let charged = ctx.exchange.as_ref().and_then(|x| x.metered.charged());
     let usage = charged.map(|c| c.usage);
     Record {
         time: rfc3339_millis(SystemTime::now() - elapsed),
@@ -42,7 +42,7 @@ pub fn access_line(
             upstream_ttfb_ms: ctx.upstream_ttfb.map(millis),
             bytes_in: session.body_bytes_read() as u64,
             bytes_out: session.body_bytes_sent() as u64,
-            model: ctx.openai.as_ref().and_then(|x| x.model.as_deref()),
+            model: ctx.exchange.as_ref().and_then(|x| x.model.as_deref()),
             prompt_tokens: usage.and_then(|u| u.prompt_tokens),
             completion_tokens: usage.and_then(|u| u.completion_tokens),
             reasoning_tokens: usage.and_then(|u| u.reasoning_tokens),
@@ -62,13 +62,13 @@ pub fn charge<'a>(ctx: &'a RequestCtx, service: &'a str) -> Option<Charge<'a>> {
     let principal = ctx.principal.as_deref()?;
     ctx.route?;
     ctx.upstream_sent?;
-    let charged = ctx.openai.as_ref().and_then(|x| x.metered.charged());
+    let charged = ctx.exchange.as_ref().and_then(|x| x.metered.charged());
     let usage = charged.map(|c| c.usage).unwrap_or_default();
     Some(Charge {
         key_id: principal.key_id(),
         owner: principal.owner.as_deref(),
         service,
-        model: ctx.openai.as_ref().and_then(|x| x.model.as_deref()),
+        model: ctx.exchange.as_ref().and_then(|x| x.model.as_deref()),
         prompt_tokens: usage.prompt_tokens.unwrap_or(0),
         completion_tokens: usage.completion_tokens.unwrap_or(0),
         reasoning_tokens: usage.reasoning_tokens.unwrap_or(0),

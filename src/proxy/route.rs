@@ -26,7 +26,7 @@ impl Route {
         replicas: Vec<Arc<Replicas>>,
         redis: Option<&Arc<Backend>>,
     ) -> Vec<Route> {
-        for service in config.services.iter().filter(|s| s.openai.is_some()) {
+        for service in config.services.iter().filter(|s| s.models.is_some()) {
             // Present from the start at 0, so a rate() over it is defined before the first call.
             metrics.register_tokens(&service.name);
         }
@@ -40,9 +40,9 @@ impl Route {
             .collect()
     }
 
-    /// The model policy, on an `api = "openai"` service.
+    /// The model policy, on a service with an `api`.
     pub fn models(&self) -> Option<&Models> {
-        self.settings.openai.as_ref()
+        self.settings.models.as_ref()
     }
 }
 
@@ -67,7 +67,7 @@ impl Gateway {
         ctx.route.map(|id| &self.routes[id.index()])
     }
 
-    /// The model policy of the routed service, on an `api = "openai"` service.
+    /// The model policy of the routed service, on a service with an `api`.
     pub(super) fn models(&self, route: Option<RouteId>) -> Option<&Models> {
         route.and_then(|id| self.routes[id.index()].models())
     }

@@ -13,7 +13,8 @@
 //!   document, read the same way; `[DONE]` and other non-JSON data are ignored.
 //! - Only a root object counts, and only its own `usage` member: `usage` nested deeper (in
 //!   `choices`) or inside a string never does. A key written with escapes is decoded, so
-//!   `"us\u0061ge"` is `usage`.
+//!   `"us\u0061ge"` is `usage`. The one exception is the [`Dialect`]'s container: the
+//!   `usage` member of the root's `response` (Responses) or `message` (Messages) object.
 //! - The value must be an object (`"usage": null` is ignored). `prompt_tokens` and
 //!   `completion_tokens` (or the Responses API's `input_tokens` and `output_tokens`), and
 //!   `cached_tokens` and `reasoning_tokens` in their `_details` objects, are read when they
@@ -21,8 +22,11 @@
 //!   ignored. A usage object that is not valid JSON, or is
 //!   longer than 4 KiB, is ignored.
 //! - A usage object counts as soon as it closes, even if the rest of its document or event is
-//!   cut off or malformed. The last one seen wins; nothing is summed.
+//!   cut off or malformed. The last one seen wins (on Messages, for the counts it states);
+//!   nothing is summed. Anthropic's prompt is its `input_tokens` plus its cache's.
 
+#[cfg(test)]
+mod agent_tests;
 mod object;
 mod scan;
 mod sse;
@@ -51,6 +55,21 @@ pub(crate) fn mentions_usage(bytes: &[u8]) -> bool {
 /// Where `"usage"` appears in `bytes`.
 fn usage_key_positions(bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
     USAGE_KEY.find_iter(bytes)
+}
+
+/// Where an API puts the usage of a response, besides its root object's `usage`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dialect {
+    /// Chat, completions and embeddings: the root `usage` only; the last one seen wins.
+    #[default]
+    OpenAi,
+    /// The Responses API: also `response.usage`, in the `response.completed` event of a
+    /// stream (and `response.incomplete` or `response.failed`); the last one seen wins.
+    Responses,
+    /// Anthropic's Messages API: also `message.usage`, in a stream's `message_start`; a later
+    /// usage (the root `usage` of `message_delta`, whose `output_tokens` is cumulative)
+    /// replaces only the counts it states, since it may state the output alone.
+    Anthropic,
 }
 
 /// How the response body is framed.
@@ -133,10 +152,10 @@ enum Inner {
 }
 
 impl UsageScanner {
-    pub fn new(framing: Framing, encoding: Encoding) -> UsageScanner {
+    pub fn new(framing: Framing, encoding: Encoding, dialect: Dialect) -> UsageScanner {
         let sink = match framing {
-            Framing::Json => Sink::Json(JsonScan::new()),
-            Framing::EventStream => Sink::EventStream(SseScan::new()),
+            Framing::Json => Sink::Json(JsonScan::new(dialect)),
+            Framing::EventStream => Sink::EventStream(SseScan::new(dialect)),
         };
         let inner = match encoding {
             Encoding::Identity => Inner::Identity(sink),
@@ -186,29 +205,35 @@ impl UsageScanner {
         }
     }
 
+    /// The scanner behind the decoder, while scanning goes on.
+    fn sink(&self) -> Option<&Sink> {
+        match &self.inner {
+            Inner::Identity(sink) | Inner::DeflateHead { sink, .. } => Some(sink),
+            Inner::Gzip(decoder) => Some(decoder.get_ref()),
+            Inner::Zlib(decoder) => Some(decoder.get_ref()),
+            Inner::RawDeflate(decoder) => Some(decoder.get_ref()),
+            Inner::Stopped(_) => None,
+        }
+    }
+
     /// How many events of an event stream carried a JSON object so far (0 for a JSON body):
     /// what an estimate of a cut stream counts.
     pub fn events(&self) -> u64 {
-        match &self.inner {
-            Inner::Identity(sink) => sink.events(),
-            Inner::Gzip(decoder) => decoder.get_ref().events(),
-            Inner::Zlib(decoder) => decoder.get_ref().events(),
-            Inner::RawDeflate(decoder) => decoder.get_ref().events(),
-            Inner::DeflateHead { sink, .. } => sink.events(),
-            Inner::Stopped(_) => 0,
-        }
+        self.sink().map_or(0, Sink::events)
     }
 
     /// The usage of the last top-level `usage` object seen so far (None when none seen).
     pub fn usage(&self) -> Option<Usage> {
         match &self.inner {
-            Inner::Identity(sink) => sink.usage(),
-            Inner::Gzip(decoder) => decoder.get_ref().usage(),
-            Inner::Zlib(decoder) => decoder.get_ref().usage(),
-            Inner::RawDeflate(decoder) => decoder.get_ref().usage(),
-            Inner::DeflateHead { sink, .. } => sink.usage(),
             Inner::Stopped(usage) => *usage,
+            _ => self.sink().and_then(Sink::usage),
         }
+    }
+
+    /// Whether the usage so far is only a Messages stream's opening report (`message_start`),
+    /// whose output count is not final: a stream cut there has not told what it generated.
+    pub fn opening_only(&self) -> bool {
+        self.sink().is_some_and(Sink::opening_only)
     }
 }
 
@@ -267,6 +292,13 @@ impl Sink {
         match self {
             Sink::Json(_) => 0,
             Sink::EventStream(scan) => scan.events,
+        }
+    }
+
+    fn opening_only(&self) -> bool {
+        match self {
+            Sink::Json(scan) => scan.opening_only(),
+            Sink::EventStream(scan) => scan.opening_only(),
         }
     }
 }

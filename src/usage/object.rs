@@ -1,6 +1,8 @@
 //! A captured `usage` object, parsed: the counts the gateway records, wherever the APIs put
 //! them (chat and completions: `prompt_tokens`, `completion_tokens` and their `_details`;
-//! the Responses API: `input_tokens`, `output_tokens` and theirs).
+//! the Responses API: `input_tokens`, `output_tokens` and theirs; Anthropic's Messages API:
+//! `input_tokens` and `output_tokens`, with the cached prompt counted apart, in
+//! `cache_creation_input_tokens` and `cache_read_input_tokens`).
 
 use std::fmt;
 
@@ -34,6 +36,7 @@ impl<'de> Deserialize<'de> for UsageObject {
                 let (mut prompt, mut input) = (None, None);
                 let (mut completion, mut output) = (None, None);
                 let (mut prompt_details, mut input_details) = (None, None);
+                let (mut cache_written, mut cache_read) = (None, None);
                 let (mut completion_details, mut output_details) = (None, None);
                 while let Some(member) = map.next_key::<Member>()? {
                     let slot = match member {
@@ -41,6 +44,8 @@ impl<'de> Deserialize<'de> for UsageObject {
                         Member::Input => &mut input,
                         Member::Completion => &mut completion,
                         Member::Output => &mut output,
+                        Member::CacheCreation => &mut cache_written,
+                        Member::CacheRead => &mut cache_read,
                         Member::PromptDetails => {
                             prompt_details = Some(map.next_value_seed(Details("cached_tokens"))?);
                             continue;
@@ -66,11 +71,18 @@ impl<'de> Deserialize<'de> for UsageObject {
                     };
                     *slot = Some(map.next_value::<Count>()?.0);
                 }
+                // Anthropic's `input_tokens` leaves out the prompt tokens read from or written
+                // to its cache: the prompt is all three.
+                let (cache_written, cache_read) = (cache_written.flatten(), cache_read.flatten());
+                let cached = cache_written
+                    .unwrap_or(0)
+                    .saturating_add(cache_read.unwrap_or(0));
+                let input = input.map(|input| input.map(|n| n.saturating_add(cached)));
                 Ok(UsageObject(Usage {
                     prompt_tokens: prompt.or(input).flatten(),
                     completion_tokens: completion.or(output).flatten(),
                     reasoning_tokens: completion_details.or(output_details).flatten(),
-                    cached_tokens: prompt_details.or(input_details).flatten(),
+                    cached_tokens: prompt_details.or(input_details).flatten().or(cache_read),
                 }))
             }
         }
@@ -141,6 +153,8 @@ enum Member {
     InputDetails,
     CompletionDetails,
     OutputDetails,
+    CacheCreation,
+    CacheRead,
     Other,
 }
 
@@ -162,6 +176,8 @@ impl<'de> Deserialize<'de> for Member {
                     "input_tokens_details" => Member::InputDetails,
                     "completion_tokens_details" => Member::CompletionDetails,
                     "output_tokens_details" => Member::OutputDetails,
+                    "cache_creation_input_tokens" => Member::CacheCreation,
+                    "cache_read_input_tokens" => Member::CacheRead,
                     _ => Member::Other,
                 })
             }

@@ -9,11 +9,11 @@
 
 use memchr::memchr2;
 
-use super::Usage;
+use super::{Dialect, Usage};
 
-/// Longest raw (still escaped) top-level key kept for comparison: `usage` written entirely
-/// with `\uXXXX` escapes is 30 bytes, so a longer key cannot be `usage`.
-const KEY_CAP: usize = 30;
+/// Longest raw (still escaped) top-level key kept for comparison: `response` written
+/// entirely with `\uXXXX` escapes is 48 bytes, so a longer key cannot be one we read.
+const KEY_CAP: usize = 48;
 
 /// Largest `usage` object (its raw bytes) that is kept and parsed; a longer one is dropped as
 /// unknown and the previous usage, if any, stands.
@@ -67,6 +67,19 @@ pub(super) struct JsonScan {
     key_escaped: bool,
     /// The current top-level key is `usage`.
     usage_key: bool,
+    /// The current top-level key is the dialect's container (`response`, `message`).
+    container_key: bool,
+    /// The member holding another `usage` (Responses' `response`, Messages' `message`).
+    container: Option<&'static [u8]>,
+    /// Usage objects complete each other field by field instead of replacing each other.
+    merge: bool,
+    /// Reads the container's own members while its value passes, when it is an object.
+    inner: Option<Box<JsonScan>>,
+    /// The current top-level value is the container, fed to `inner`.
+    descending: bool,
+    /// The usage so far came only from a container in `merge` mode: Messages' opening report,
+    /// whose output count is not final.
+    opening_only: bool,
     /// The current top-level value is a `usage` object being copied into `capture`.
     capturing: bool,
     /// The captured `usage` object is longer than `USAGE_CAP`: it will be dropped.
@@ -79,8 +92,19 @@ pub(super) struct JsonScan {
 }
 
 impl JsonScan {
-    pub(super) fn new() -> JsonScan {
+    pub(super) fn new(dialect: Dialect) -> JsonScan {
+        let (container, merge) = match dialect {
+            Dialect::OpenAi => (None, false),
+            Dialect::Responses => (Some(&b"response"[..]), false),
+            Dialect::Anthropic => (Some(&b"message"[..]), true),
+        };
         JsonScan {
+            container_key: false,
+            container,
+            merge,
+            inner: None,
+            descending: false,
+            opening_only: false,
             state: State::Start,
             depth: 0,
             in_string: false,
@@ -116,6 +140,28 @@ impl JsonScan {
         self.overflow = false;
         self.capture.clear();
         self.object = false;
+        self.descending = false;
+    }
+
+    /// Whether the usage so far is only a stream's opening report (see `opening_only`).
+    pub(super) fn opening_only(&self) -> bool {
+        self.opening_only
+    }
+
+    /// A usage object read: the current usage from now on, or (`merge`) what it states of it.
+    fn record(&mut self, usage: Usage, from_container: bool) {
+        self.opening_only =
+            self.merge && from_container && (self.usage.is_none() || self.opening_only);
+        let merged = match (self.merge, self.usage) {
+            (true, Some(old)) => Usage {
+                prompt_tokens: usage.prompt_tokens.or(old.prompt_tokens),
+                completion_tokens: usage.completion_tokens.or(old.completion_tokens),
+                reasoning_tokens: usage.reasoning_tokens.or(old.reasoning_tokens),
+                cached_tokens: usage.cached_tokens.or(old.cached_tokens),
+            },
+            _ => usage,
+        };
+        self.usage = Some(merged);
     }
 
     /// The next bytes of the document.
@@ -162,6 +208,14 @@ impl JsonScan {
                         self.capture.reserve_exact(USAGE_CAP);
                     }
                     self.capture.push(b'{');
+                } else if byte == b'{' && self.container_key {
+                    let inner = self
+                        .inner
+                        .get_or_insert_with(|| Box::new(JsonScan::new(Dialect::OpenAi)));
+                    inner.reset();
+                    inner.usage = None;
+                    inner.feed(b"{");
+                    self.descending = true;
                 }
                 State::Nested
             }
@@ -221,15 +275,22 @@ impl JsonScan {
     }
 
     fn end_key(&mut self) {
-        self.usage_key = self.key_len <= KEY_CAP && {
-            let raw = &self.key[..self.key_len];
-            if self.key_escaped {
-                decoded_key_is_usage(raw)
-            } else {
-                raw == b"usage"
-            }
-        };
+        self.usage_key = self.key_is(b"usage");
+        self.container_key = self.container.is_some_and(|name| self.key_is(name));
         self.state = State::Colon;
+    }
+
+    /// Whether the current top-level key, decoded, is `name`.
+    fn key_is(&self, name: &[u8]) -> bool {
+        if self.key_len > KEY_CAP {
+            return false;
+        }
+        let raw = &self.key[..self.key_len];
+        if self.key_escaped {
+            decoded_key_is(raw, name)
+        } else {
+            raw == name
+        }
     }
 
     /// Bytes of a top-level string, object or array value; returns how many were consumed.
@@ -281,13 +342,23 @@ impl JsonScan {
         if self.capturing {
             self.capture_bytes(&buf[..i]);
         }
+        if self.descending {
+            if let Some(inner) = &mut self.inner {
+                inner.feed(&buf[..i]);
+                // The container's usage counts as soon as it closes, as a root usage does.
+                if let Some(usage) = inner.usage.take() {
+                    self.record(usage, true);
+                }
+            }
+        }
         if closed {
             self.state = State::AfterValue;
+            self.descending = false;
             if self.capturing {
                 self.capturing = false;
                 if !self.overflow {
                     if let Some(usage) = super::parse_usage(&self.capture) {
-                        self.usage = Some(usage);
+                        self.record(usage, false);
                     }
                 }
                 self.capture.clear();
@@ -309,12 +380,13 @@ impl JsonScan {
     }
 }
 
-/// Whether a top-level key written with escapes (`"us\u0061ge"`) means `usage`. Rare, so it
+/// Whether a top-level key written with escapes (`"us\u0061ge"`) means `name`. Rare, so it
 /// goes through serde_json; `raw` is at most `KEY_CAP` bytes.
-fn decoded_key_is_usage(raw: &[u8]) -> bool {
+fn decoded_key_is(raw: &[u8], name: &[u8]) -> bool {
     let mut quoted = [b'"'; KEY_CAP + 2];
     quoted[1..=raw.len()].copy_from_slice(raw);
-    serde_json::from_slice::<String>(&quoted[..raw.len() + 2]).is_ok_and(|key| key == "usage")
+    serde_json::from_slice::<String>(&quoted[..raw.len() + 2])
+        .is_ok_and(|key| key.as_bytes() == name)
 }
 
 /// Position of the first `"`, `[`, `]`, `{` or `}` in `hay`, eight bytes at a time. May also

@@ -67,12 +67,12 @@ pub(super) struct SseScan {
 }
 
 impl SseScan {
-    pub(super) fn new() -> SseScan {
+    pub(super) fn new(dialect: super::Dialect) -> SseScan {
         SseScan {
             line: Line::Bom(0),
             after_cr: false,
             has_data: false,
-            json: JsonScan::new(),
+            json: JsonScan::new(dialect),
             events: 0,
             fresh: false,
         }
@@ -80,6 +80,10 @@ impl SseScan {
 
     pub(super) fn usage(&self) -> Option<Usage> {
         self.json.usage()
+    }
+
+    pub(super) fn opening_only(&self) -> bool {
+        self.json.opening_only()
     }
 
     pub(super) fn feed(&mut self, mut buf: &[u8]) {

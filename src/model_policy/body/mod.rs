@@ -13,12 +13,23 @@ use serde_json::value::RawValue;
 
 use super::{BodyError, Endpoint};
 
+mod anthropic;
 mod fields;
+mod responses;
 
 use fields::{Count, Input, Messages, Stream, StreamOptions};
 
-/// The endpoints with a streamed variant, where `stream` and `stream_options` are read.
+/// The endpoints with a streamed variant, where `stream` is read.
 fn streams(endpoint: Endpoint) -> bool {
+    matches!(
+        endpoint,
+        Endpoint::Chat | Endpoint::Completions | Endpoint::Responses | Endpoint::Messages
+    )
+}
+
+/// The endpoints whose streams report usage only when asked (`stream_options`), and whose
+/// requests state their caps as `max_tokens`, `max_completion_tokens`, `n` and `best_of`.
+fn openai_classic(endpoint: Endpoint) -> bool {
     matches!(endpoint, Endpoint::Chat | Endpoint::Completions)
 }
 
@@ -125,6 +136,10 @@ trait Shape<'de>: Sized {
     fn string<E: de::Error>(self) -> Result<Self::Value, E> {
         Err(self.refuse())
     }
+    /// A string, for shapes that want its value (after unescaping).
+    fn text<E: de::Error>(self, _value: &str) -> Result<Self::Value, E> {
+        self.string()
+    }
     /// A number without fraction or exponent that fits i64 or u64.
     fn integer<E: de::Error>(self) -> Result<Self::Value, E> {
         Err(self.refuse())
@@ -181,8 +196,8 @@ impl<'de, S: Shape<'de>> Visitor<'de> for Check<S> {
         self.0.float()
     }
     // Borrowed and escaped strings both end here; neither is copied into a String.
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<S::Value, E> {
-        self.0.string()
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<S::Value, E> {
+        self.0.text(value)
     }
     fn visit_unit<E: de::Error>(self) -> Result<S::Value, E> {
         self.0.null()
@@ -298,14 +313,13 @@ impl<'de> Shape<'de> for Top<'_> {
 
     fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let p = self.problem;
+        let endpoint = self.endpoint;
         let mut found = Scanned::default();
-        let (mut seen_model, mut messages, mut stream, mut input) = (false, false, false, false);
-        let (mut options, mut prompt_embeds) = (false, false);
-        let mut counts = [false; 4];
+        let mut seen = Seen::default();
         while let Some(Text(key)) = map.next_key()? {
-            match (key.as_ref(), self.endpoint) {
+            match (key.as_ref(), endpoint) {
                 ("model", _) => {
-                    first_time(&mut seen_model, p, || "model".into())?;
+                    first_time(&mut seen.model, p, || "model".into())?;
                     let token: &'de RawValue = map.next_value()?;
                     found.model = Some(
                         model_of(token.get())
@@ -313,33 +327,32 @@ impl<'de> Shape<'de> for Top<'_> {
                     );
                 }
                 ("messages", Endpoint::Chat) => {
-                    first_time(&mut messages, p, || "messages".into())?;
+                    first_time(&mut seen.required, p, || "messages".into())?;
                     map.next_value_seed(Check(Messages(p)))?;
                 }
                 ("stream", e) if streams(e) => {
-                    first_time(&mut stream, p, || "stream".into())?;
+                    first_time(&mut seen.stream, p, || "stream".into())?;
                     found.stream = map.next_value_seed(Check(Stream(p)))?;
                 }
-                ("stream_options", e) if streams(e) => {
-                    first_time(&mut options, p, || "stream_options".into())?;
+                ("stream_options", e) if openai_classic(e) => {
+                    first_time(&mut seen.options, p, || "stream_options".into())?;
                     map.next_value_seed(Check(StreamOptions(p)))?;
                     found.stream_options = true;
                 }
-                ("input", Endpoint::Embeddings) => {
-                    first_time(&mut input, p, || "input".into())?;
-                    let field = "input";
-                    map.next_value_seed(Check(Input { problem: p, field }))?;
-                }
-                ("prompt", Endpoint::Completions) => {
-                    first_time(&mut input, p, || "prompt".into())?;
-                    let field = "prompt";
+                ("input", Endpoint::Embeddings) | ("prompt", Endpoint::Completions) => {
+                    let field = if endpoint == Endpoint::Embeddings {
+                        "input"
+                    } else {
+                        "prompt"
+                    };
+                    first_time(&mut seen.required, p, || field.into())?;
                     map.next_value_seed(Check(Input { problem: p, field }))?;
                 }
                 // Caps on what the request may generate, read for budget reservations.
-                (name, e) if streams(e) && COUNTS.contains(&name) => {
+                (name, e) if openai_classic(e) && COUNTS.contains(&name) => {
                     let slot = COUNTS.iter().position(|n| *n == name).unwrap_or(0);
                     let field = COUNTS[slot];
-                    first_time(&mut counts[slot], p, || field.into())?;
+                    first_time(&mut seen.counts[slot], p, || field.into())?;
                     let value = map.next_value_seed(Check(Count { problem: p, field }))?;
                     let into = match slot {
                         0 | 1 => &mut found.max_tokens,
@@ -351,21 +364,56 @@ impl<'de> Shape<'de> for Top<'_> {
                 }
                 // vLLM takes prompt embeddings instead of a prompt.
                 ("prompt_embeds", Endpoint::Completions) => {
-                    prompt_embeds = true;
+                    seen.alternative = true;
                     map.next_value_seed(Skip)?;
+                }
+                (_, Endpoint::Responses) => {
+                    responses::member(&key, &mut map, p, &mut seen, &mut found)?;
+                }
+                (_, Endpoint::Messages | Endpoint::CountTokens) => {
+                    anthropic::member(&key, endpoint, &mut map, p, &mut seen, &mut found)?;
                 }
                 _ => {
                     map.next_value_seed(Skip)?;
                 }
             }
         }
-        match self.endpoint {
-            Endpoint::Chat if !messages => Err(p.raise("messages is required")),
-            Endpoint::Embeddings if !input => Err(p.raise("input is required")),
-            Endpoint::Completions if !input && !prompt_embeds => Err(p.raise("prompt is required")),
-            _ => Ok(found),
+        let missing = match endpoint {
+            Endpoint::Chat => "messages",
+            Endpoint::Embeddings => "input",
+            Endpoint::Completions if !seen.alternative => "prompt",
+            // A stored prompt template (`prompt`) may supply the input.
+            Endpoint::Responses if !seen.alternative => "input",
+            Endpoint::Messages | Endpoint::CountTokens => "messages",
+            _ => return Ok(found),
+        };
+        if !seen.required {
+            return Err(p.raise(format!("{missing} is required")));
         }
+        if endpoint == Endpoint::Messages && found.max_tokens.is_none() {
+            return Err(p.raise("max_tokens is required"));
+        }
+        Ok(found)
     }
+}
+
+/// The members met so far in a body: a second copy of one is refused.
+#[derive(Default)]
+struct Seen {
+    model: bool,
+    stream: bool,
+    options: bool,
+    /// The endpoint's required member (`messages`, `input` or `prompt`).
+    required: bool,
+    /// What stands in for it: vLLM's `prompt_embeds`, a Responses `prompt` template.
+    alternative: bool,
+    /// `max_tokens`, `max_completion_tokens`, `n`, `best_of` (Responses' `max_output_tokens`
+    /// and Messages' `max_tokens` in the first slot), and Messages' `system`.
+    counts: [bool; 4],
+    system: bool,
+    /// Responses' `input` and `prompt` members, even when `null`.
+    input: bool,
+    prompt: bool,
 }
 
 /// The token of the top-level member `name` of a body `scan` found valid (its key compared

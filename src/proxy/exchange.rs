@@ -1,6 +1,7 @@
-//! The request-flow side of `api = "openai"` services: reading the chat, completions or
-//! embeddings body, validating it and applying the model policy before anything reaches the
-//! upstream, then metering the response as it streams past (`metered.rs`).
+//! The request-flow side of services with an `api`: reading the body of an endpoint the
+//! gateway reads (chat, completions, embeddings, Responses, Messages), validating it and
+//! applying the model policy before anything reaches the upstream, then metering the response
+//! as it streams past (`metered.rs`).
 //!
 //! Pingora 0.9 writes the upstream request head before `request_body_filter` ever runs, so
 //! a body whose length changes cannot fix its Content-Length there. Two ways through:
@@ -38,6 +39,7 @@ use crate::access_log;
 use crate::config::BufferLimits;
 use crate::errors::GatewayError;
 use crate::model_policy::{self, BodyError, Edit, Endpoint, Models};
+use crate::usage::Dialect;
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT` in pingora-core): a body read ahead is only
 /// replayed to the upstream if it fits.
@@ -191,7 +193,12 @@ impl Exchange {
             Ok(plan) => {
                 // The access log is the name's only reader: only what it shows is copied.
                 self.model = plan.model.map(|m| access_log::model_name(&m).to_owned());
-                self.metered.request_read(body.len(), plan.usage.is_some());
+                let dialect = match self.endpoint {
+                    Endpoint::Responses => Dialect::Responses,
+                    Endpoint::Messages | Endpoint::CountTokens => Dialect::Anthropic,
+                    _ => Dialect::OpenAi,
+                };
+                (self.metered).request_read(body.len(), plan.usage.is_some(), dialect);
                 self.ask = Some((body.len() as u64, plan.completion_cap));
                 Some(match (plan.edit, plan.usage) {
                     (Some(edit), Some(usage)) => Some(edit.and(usage)),
@@ -314,7 +321,7 @@ async fn read_ahead(session: &mut Session, len: u64, deadline: Deadline) -> Resu
 fn max_growth(endpoint: Endpoint, models: &Models) -> usize {
     let usage = match endpoint {
         Endpoint::Chat | Endpoint::Completions => model_policy::USAGE_MAX_GROWTH,
-        Endpoint::Embeddings => 0,
+        _ => 0,
     };
     models.max_growth() + usage
 }

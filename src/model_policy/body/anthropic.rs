@@ -1,0 +1,233 @@
+//! The members of an Anthropic Messages body the gateway reads: `messages` (each with a role
+//! of `user` or `assistant` and a content that is a string or an array of blocks), `system`,
+//! and the `max_tokens` a Messages request must state (token counting needs none).
+
+use serde::de::{self, MapAccess, SeqAccess};
+
+use super::{first_time, Check, Problem, Scanned, Seen, Shape, Skip};
+use crate::model_policy::Endpoint;
+
+/// One top-level member of a Messages or count_tokens body (`model` and `stream` are read by
+/// the caller).
+pub(super) fn member<'de, A: MapAccess<'de>>(
+    key: &str,
+    endpoint: Endpoint,
+    map: &mut A,
+    p: &Problem,
+    seen: &mut Seen,
+    found: &mut Scanned<'de>,
+) -> Result<(), A::Error> {
+    match key {
+        "messages" => {
+            first_time(&mut seen.required, p, || "messages".into())?;
+            map.next_value_seed(Check(Messages(p)))?;
+        }
+        "system" => {
+            first_time(&mut seen.system, p, || "system".into())?;
+            map.next_value_seed(Check(System(p)))?;
+        }
+        "max_tokens" if endpoint == Endpoint::Messages => {
+            first_time(&mut seen.counts[0], p, || "max_tokens".into())?;
+            found.max_tokens = map.next_value_seed(Check(MaxTokens(p)))?;
+        }
+        _ => map.next_value_seed(Skip)?,
+    }
+    Ok(())
+}
+
+/// `max_tokens`: a positive integer (`null` stands for absent, which Messages refuses).
+struct MaxTokens<'p>(&'p Problem);
+
+impl<'de> Shape<'de> for MaxTokens<'_> {
+    type Value = Option<u64>;
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        "max_tokens must be a positive integer".into()
+    }
+    fn unsigned<E: de::Error>(self, value: u64) -> Result<Option<u64>, E> {
+        match value {
+            0 => Err(self.refuse()),
+            n => Ok(Some(n)),
+        }
+    }
+    fn null<E: de::Error>(self) -> Result<Option<u64>, E> {
+        Ok(None)
+    }
+}
+
+/// `system`: a string or an array of text blocks (whose insides are not read).
+struct System<'p>(&'p Problem);
+
+impl<'de> Shape<'de> for System<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        "system must be a string or an array".into()
+    }
+    fn string<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn null<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Skip)?.is_some() {}
+        Ok(())
+    }
+}
+
+/// `messages`: a non-empty array.
+struct Messages<'p>(&'p Problem);
+
+impl<'de> Shape<'de> for Messages<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        "messages must be a non-empty array".into()
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0;
+        while seq
+            .next_element_seed(Check(Message { problem: self.0, i }))?
+            .is_some()
+        {
+            i += 1;
+        }
+        if i == 0 {
+            return Err(self.refuse());
+        }
+        Ok(())
+    }
+}
+
+/// `messages[i]`: both `role` and `content` are required.
+struct Message<'p> {
+    problem: &'p Problem,
+    i: usize,
+}
+
+impl<'de> Shape<'de> for Message<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!("messages[{}] must be an object", self.i)
+    }
+    fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let (p, i) = (self.problem, self.i);
+        let (mut role, mut content) = (false, false);
+        while let Some(super::Text(key)) = map.next_key()? {
+            match key.as_ref() {
+                "role" => {
+                    first_time(&mut role, p, || format!("messages[{i}].role"))?;
+                    map.next_value_seed(Check(Role { problem: p, i }))?;
+                }
+                "content" => {
+                    first_time(&mut content, p, || format!("messages[{i}].content"))?;
+                    map.next_value_seed(Check(Content { problem: p, i }))?;
+                }
+                _ => map.next_value_seed(Skip)?,
+            }
+        }
+        if !role {
+            return Err(p.raise(Role { problem: p, i }.wrong_type()));
+        }
+        if !content {
+            return Err(p.raise(Content { problem: p, i }.wrong_type()));
+        }
+        Ok(())
+    }
+}
+
+/// `messages[i].role`: `user` or `assistant` (Anthropic takes the system prompt apart).
+struct Role<'p> {
+    problem: &'p Problem,
+    i: usize,
+}
+
+impl<'de> Shape<'de> for Role<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!(
+            "messages[{}].role must be \"user\" or \"assistant\"",
+            self.i
+        )
+    }
+    fn text<E: de::Error>(self, value: &str) -> Result<(), E> {
+        match value {
+            "user" | "assistant" => Ok(()),
+            _ => Err(self.refuse()),
+        }
+    }
+}
+
+/// `messages[i].content`: a string or an array of content blocks.
+struct Content<'p> {
+    problem: &'p Problem,
+    i: usize,
+}
+
+impl<'de> Shape<'de> for Content<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!(
+            "messages[{}].content must be a string or an array of content blocks",
+            self.i
+        )
+    }
+    fn string<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let (problem, i) = (self.problem, self.i);
+        let mut j = 0;
+        while seq
+            .next_element_seed(Check(Block { problem, i, j }))?
+            .is_some()
+        {
+            j += 1;
+        }
+        Ok(())
+    }
+}
+
+/// `messages[i].content[j]`: an object; an image's base64 data inside is skipped, never copied.
+struct Block<'p> {
+    problem: &'p Problem,
+    i: usize,
+    j: usize,
+}
+
+impl<'de> Shape<'de> for Block<'_> {
+    type Value = ();
+
+    fn problem(&self) -> &Problem {
+        self.problem
+    }
+    fn wrong_type(&self) -> String {
+        format!("messages[{}].content[{}] must be an object", self.i, self.j)
+    }
+    fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_entry_seed(Skip, Skip)?.is_some() {}
+        Ok(())
+    }
+}
