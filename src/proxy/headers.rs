@@ -180,7 +180,7 @@ mod tests {
             req.append_header(name.to_string(), "v").unwrap();
         }
         req.append_header("cookie".to_string(), "second").unwrap();
-        assert_eq!(present(&req.headers, &NOT_TO_UPSTREAM), 0b1_0101_0011);
+        assert_eq!(present(&req.headers, &NOT_TO_UPSTREAM), 0b1101_0011);
         let config = crate::config::Config::parse(
             std::path::Path::new("t.toml"),
             "[services.infer]\nupstream = \"http://127.0.0.1:8000\"\nscope = \"infer\"\n",
