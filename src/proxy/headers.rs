@@ -31,8 +31,10 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Never forwarded upstream. The client's credentials, then claims about the client's
 /// identity or the original request that only a proxy may make: from a client they are
-/// spoofing. `X-Forwarded-For` and `-Proto` are then set by us.
-static NOT_TO_UPSTREAM: [HeaderName; 7] = [
+/// spoofing. `X-Forwarded-For` and `-Proto` are then set by us. Last, the key headers of
+/// Anthropic's API and Azure OpenAI: the gateway reads neither, and an agent configured with
+/// a provider's real key would otherwise hand it to whatever upstream this is.
+static NOT_TO_UPSTREAM: [HeaderName; 9] = [
     header::AUTHORIZATION,
     header::COOKIE,
     header::PROXY_AUTHORIZATION,
@@ -40,6 +42,8 @@ static NOT_TO_UPSTREAM: [HeaderName; 7] = [
     HeaderName::from_static("x-real-ip"),
     HeaderName::from_static("x-forwarded-host"),
     HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
 ];
 /// Session and challenge headers the gateway never relays: it issues no cookies and
 /// speaks only for itself about authentication.
@@ -170,12 +174,13 @@ mod tests {
             "COOKIE",
             "x-real-ip",
             "X-Forwarded-Port",
+            "X-Api-Key",
             "accept",
         ] {
             req.append_header(name.to_string(), "v").unwrap();
         }
         req.append_header("cookie".to_string(), "second").unwrap();
-        assert_eq!(present(&req.headers, &NOT_TO_UPSTREAM), 0b1010011);
+        assert_eq!(present(&req.headers, &NOT_TO_UPSTREAM), 0b1101_0011);
         let config = crate::config::Config::parse(
             std::path::Path::new("t.toml"),
             "[services.infer]\nupstream = \"http://127.0.0.1:8000\"\nscope = \"infer\"\n",
