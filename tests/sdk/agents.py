@@ -230,11 +230,15 @@ def agent_checks(gw, chatx_default, chatx_aliases):
         expect_eq((final.usage.input_tokens, final.usage.output_tokens), (2, 3), "accumulated usage")
 
     def count_tokens():
+        model = CLAUDE_ALIASES["claude-haiku-4-5"]
+        before = ledger.of(kid, "claude", model)
         msgs = [{"role": "user", "content": "count these four words"}]
         raw = an.messages.with_raw_response.count_tokens(model="claude-haiku-4-5", system="Sys.", messages=msgs)
         expect_eq(raw.parse().input_tokens, 4 + 1, "input_tokens")
-        expect_eq(raw.headers.get("x-demo-model"), CLAUDE_ALIASES["claude-haiku-4-5"],
-                  "model the upstream received (the alias)")
+        expect_eq(raw.headers.get("x-demo-model"), model, "model the upstream received (the alias)")
+        # A count is a request in the ledger, not tokens (docs/metering.md).
+        zero = {"PROMPT": 0, "COMPLETION": 0, "REASONING": 0, "CACHED": 0}
+        return ledger.expect_added(kid, "claude", model, before, zero)
 
     def messages_malformed():
         return expect_bad_request(
@@ -302,7 +306,7 @@ def agent_checks(gw, chatx_default, chatx_aliases):
         (f"claude: messages.create, model omitted gets {CLAUDE_DEFAULT}", messages_default_model),
         ("claude: messages.create stream=True, alias replaced; events, usage and ledger as stated", messages_stream),
         ("claude: messages.stream() text_stream and final message", messages_stream_helper),
-        ("claude: messages.count_tokens, alias replaced", count_tokens),
+        ("claude: messages.count_tokens, alias replaced; a request without tokens in the ledger", count_tokens),
         ("claude: messages=[] raises BadRequestError with the gateway's message", messages_malformed),
         ("claude: stream=True, max_tokens=0 raises BadRequestError", messages_malformed_stream),
         ("claude: count_tokens with a system role raises BadRequestError", count_tokens_malformed),

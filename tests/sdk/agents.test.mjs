@@ -157,11 +157,13 @@ test('anthropic messages.stream() accumulates the final message; a model omitted
   assert.deepEqual([final.usage.input_tokens, final.usage.output_tokens], [2, 3]);
 });
 
-test('anthropic messages.countTokens: alias replaced', { timeout: 30_000 }, async () => {
+test('anthropic messages.countTokens: alias replaced; a request without tokens in the ledger', { timeout: 30_000 }, async () => {
+  const before = ledgerRow('claude', 'demo-haiku');
   const { data, response } = await claude().messages.countTokens({ model: 'claude-haiku-4-5',
     messages: [{ role: 'user', content: 'one two three' }] }).withResponse();
   assert.deepEqual(data, { input_tokens: 3 });
   assert.equal(response.headers.get('x-demo-model'), 'demo-haiku');
+  await expectLedgerAdded('claude', 'demo-haiku', before, { PROMPT: 0, COMPLETION: 0, REASONING: 0, CACHED: 0 });
 });
 
 test('anthropic malformed bodies reject with BadRequestError carrying the gateway message', { timeout: 30_000 }, async () => {
