@@ -194,9 +194,10 @@ impl Exchange {
                 // The access log is the name's only reader: only what it shows is copied.
                 self.model = plan.model.map(|m| access_log::model_name(&m).to_owned());
                 let dialect = match self.endpoint {
-                    Endpoint::Responses => Dialect::Responses,
-                    Endpoint::Messages | Endpoint::CountTokens => Dialect::Anthropic,
-                    _ => Dialect::OpenAi,
+                    Endpoint::Responses => Some(Dialect::Responses),
+                    Endpoint::Messages => Some(Dialect::Anthropic),
+                    Endpoint::CountTokens => None,
+                    _ => Some(Dialect::OpenAi),
                 };
                 (self.metered).request_read(body.len(), plan.usage.is_some(), dialect);
                 self.ask = Some((body.len() as u64, plan.completion_cap));

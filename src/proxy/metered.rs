@@ -28,6 +28,9 @@ pub struct Metered {
     adds_usage: bool,
     /// Where the endpoint's API puts its usage.
     dialect: Dialect,
+    /// The endpoint generates nothing and reports no usage (Messages' `count_tokens`): its
+    /// answer is charged no tokens.
+    free: bool,
     /// None before the response, or when its coding cannot be read.
     scanner: Option<UsageScanner>,
     /// The response arrived in a coding the scanner does not read.
@@ -40,10 +43,12 @@ pub struct Metered {
 impl Metered {
     /// The request body as it was checked: its size, and whether the gateway asked for the
     /// usage the client did not.
-    pub fn request_read(&mut self, body_len: usize, adds_usage: bool, dialect: Dialect) {
+    /// `dialect` is `None` for an endpoint that reports no usage because it generates nothing.
+    pub fn request_read(&mut self, body_len: usize, adds_usage: bool, dialect: Option<Dialect>) {
         self.request_bytes = body_len;
         self.adds_usage = adds_usage;
-        self.dialect = dialect;
+        self.dialect = dialect.unwrap_or_default();
+        self.free = dialect.is_none();
     }
 
     /// The upstream's `Accept-Encoding`: only codings the scanner decodes, of those the client
@@ -78,7 +83,9 @@ impl Metered {
         };
         let coding = response.headers.get(http::header::CONTENT_ENCODING);
         let encoding = Encoding::from_header(coding.map(|v| v.as_bytes()));
-        self.scanner = encoding.map(|e| UsageScanner::new(framing, e, self.dialect));
+        let dialect = self.dialect;
+        self.scanner =
+            (encoding.filter(|_| !self.free)).map(|e| UsageScanner::new(framing, e, dialect));
         self.unreadable = encoding.is_none();
         self.event_stream = event_stream;
         self.strip = (self.adds_usage && event_stream && encoding == Some(Encoding::Identity))
@@ -130,6 +137,19 @@ impl Metered {
     /// after its opening report only (Messages states its usage at the start, and its output
     /// again at the end) is charged at least a token per event.
     pub fn settle(&mut self, status: u16, cut: bool) -> Option<&'static str> {
+        if self.free {
+            // A token count: a request in the ledger, never tokens, and nothing to read.
+            self.charged = (200..300).contains(&status).then(|| Charged {
+                usage: Usage {
+                    prompt_tokens: Some(0),
+                    completion_tokens: Some(0),
+                    reasoning_tokens: None,
+                    cached_tokens: None,
+                },
+                estimated: false,
+            });
+            return None;
+        }
         let read = self.scanner.as_ref().and_then(UsageScanner::usage);
         if let Some(mut usage) = read {
             let scanner = self.scanner.as_ref();
