@@ -139,7 +139,7 @@ impl Metered {
     pub fn settle(&mut self, status: u16, cut: bool) -> Option<&'static str> {
         if self.free {
             // A token count: a request in the ledger, never tokens, and nothing to read.
-            self.charged = (200..300).contains(&status).then(|| Charged {
+            self.charged = (200..300).contains(&status).then_some(Charged {
                 usage: Usage {
                     prompt_tokens: Some(0),
                     completion_tokens: Some(0),
