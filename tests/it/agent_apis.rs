@@ -9,18 +9,17 @@
 //! request's `max_tokens` refuses it before it is forwarded; a provider key sent beside the
 //! bearer token never reaches the upstream.
 
-use std::collections::HashMap;
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use testkit::upstream::{
-    Coding, Usage, COUNT_TOKENS, MESSAGES_JSON_USAGE, MESSAGES_SSE_USAGE, RESPONSES_JSON_USAGE,
+    Usage, COUNT_TOKENS, MESSAGES_JSON_USAGE, MESSAGES_SSE_USAGE, RESPONSES_JSON_USAGE,
     RESPONSES_SSE_USAGE,
 };
 use testkit::{raw, Gateway, Service, Upstream};
 
 use crate::ledger::{total, usage_cli, wait_for};
+use crate::metering::{abandon, access_log, decoded, send};
 
 const RESPONSES: &str = "/v1/chatx/oa/v1/responses";
 const MESSAGES: &str = "/v1/claude/oa/v1/messages";
@@ -45,73 +44,6 @@ fn responses_body(stream: bool) -> Value {
 fn messages_body(stream: bool) -> Value {
     json!({"model": "m-1", "max_tokens": 200, "stream": stream, "system": "be brief",
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
-}
-
-struct Answer {
-    status: u16,
-    body: Vec<u8>,
-}
-
-async fn post(url: &str, key: Option<&str>, body: &str, accept: &str, id: &str) -> Answer {
-    let mut req = testkit::client()
-        .post(url)
-        .header("content-type", "application/json")
-        .header("accept-encoding", accept)
-        .header("x-request-id", id)
-        .body(body.to_string());
-    if let Some(key) = key {
-        req = req.bearer_auth(key);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let coding = resp.headers().get("content-encoding");
-    let coding = coding.map_or(Coding::Identity, |c| {
-        Coding::parse(c.to_str().unwrap()).expect("a coding")
-    });
-    let raw = resp.bytes().await.unwrap();
-    Answer {
-        status,
-        body: coding.decode(&raw).expect("decodable"),
-    }
-}
-
-/// Reads `events` SSE events of a stream, then leaves.
-async fn abandon(url: &str, key: &str, body: &str, id: &str, events: usize) {
-    let mut resp = testkit::client()
-        .post(url)
-        .bearer_auth(key)
-        .header("x-request-id", id)
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200, "{id}");
-    let mut seen = Vec::new();
-    while seen.windows(2).filter(|w| w == b"\n\n").count() < events {
-        let chunk = resp.chunk().await.unwrap().expect("the stream ended early");
-        seen.extend_from_slice(&chunk);
-    }
-}
-
-fn access_log(path: &Path, ids: &[&str]) -> HashMap<String, Value> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: HashMap<String, Value> = text
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap())
-            .map(|v| (v["request_id"].as_str().unwrap().to_string(), v))
-            .collect();
-        if ids.iter().all(|id| lines.contains_key(*id)) {
-            return lines;
-        }
-        let missing: Vec<&&str> = ids.iter().filter(|id| !lines.contains_key(**id)).collect();
-        assert!(
-            Instant::now() < deadline,
-            "missing access-log lines: {missing:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The access log's usage fields: `null` for a count the upstream did not state.
@@ -159,25 +91,20 @@ async fn responses_and_messages_are_metered_exactly_and_reach_the_client_unchang
             let body = match path {
                 RESPONSES => responses_body(stream),
                 _ => messages_body(stream),
-            }
-            .to_string();
+            };
             for accept in CODINGS {
                 let id = format!("{name}-{stream}-{accept}");
-                let through = post(&gw.url(path), Some(&key), &body, accept, &id).await;
-                let text = String::from_utf8_lossy(&through.body).into_owned();
+                let through = send(&gw.url(path), Some(&key), &body, accept, &id).await;
+                let text = decoded(through.coding.as_deref(), &through.body);
+                let text = String::from_utf8_lossy(&text).into_owned();
                 assert_eq!(through.status, 200, "{id}: {text}");
                 let upstream = path.split_once("/oa/").unwrap().1;
-                let direct = post(
-                    &up.url(&format!("/oa/{upstream}")),
-                    None,
-                    &body,
-                    accept,
-                    "d",
-                )
-                .await;
+                let url = up.url(&format!("/oa/{upstream}"));
+                let direct = send(&url, None, &body, accept, "d").await;
+                let direct = decoded(direct.coding.as_deref(), &direct.body);
                 assert_eq!(
                     text,
-                    String::from_utf8_lossy(&direct.body),
+                    String::from_utf8_lossy(&direct),
                     "{id}: the client got something else than the upstream's own answer"
                 );
                 let usage = if stream { sse_usage } else { json_usage };
@@ -187,28 +114,38 @@ async fn responses_and_messages_are_metered_exactly_and_reach_the_client_unchang
     }
     // count_tokens: a request, no tokens.
     let count_body = json!({"model": "m-1", "messages": [{"role": "user", "content": "hi"}]});
-    let counted = post(
-        &gw.url(COUNT),
-        Some(&key),
-        &count_body.to_string(),
-        "gzip",
-        "count",
-    )
-    .await;
+    let counted = send(&gw.url(COUNT), Some(&key), &count_body, "gzip", "count").await;
     assert_eq!(counted.status, 200);
-    let answer: Value = serde_json::from_slice(&counted.body).unwrap();
+    let answer = decoded(counted.coding.as_deref(), &counted.body);
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
     assert_eq!(answer, json!({"input_tokens": COUNT_TOKENS}));
     // A Responses stream left early has no usage report: estimated from the request. A
     // Messages stream left after `message_start` has its prompt, and at least a token per
     // event it delivered.
     let (abandon_after, stream_len) = (4, 40);
     let query = format!("?n={stream_len}&gap_ms=20");
-    let responses_cut = responses_body(true).to_string();
-    let messages_cut = messages_body(true).to_string();
+    let (responses_cut, messages_cut) = (responses_body(true), messages_body(true));
     let url = gw.url(&format!("{RESPONSES}{query}"));
-    abandon(&url, &key, &responses_cut, "responses-cut", abandon_after).await;
+    abandon(
+        &url,
+        &key,
+        &responses_cut,
+        "identity",
+        "responses-cut",
+        abandon_after,
+    )
+    .await;
     let url = gw.url(&format!("{MESSAGES}{query}"));
-    abandon(&url, &key, &messages_cut, "messages-cut", abandon_after).await;
+    abandon(
+        &url,
+        &key,
+        &messages_cut,
+        "identity",
+        "messages-cut",
+        abandon_after,
+    )
+    .await;
+    let responses_cut = responses_cut.to_string();
 
     let mut ids: Vec<&str> = exact.iter().map(|(id, _)| id.as_str()).collect();
     ids.extend(["count", "responses-cut", "messages-cut"]);

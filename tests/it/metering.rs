@@ -89,18 +89,24 @@ fn gateway(up: &Upstream) -> (Gateway, String) {
 }
 
 /// A response body as the client got it, decoded per its Content-Encoding.
-fn decoded(resp_coding: Option<&str>, body: &[u8]) -> Vec<u8> {
+pub(crate) fn decoded(resp_coding: Option<&str>, body: &[u8]) -> Vec<u8> {
     let coding = resp_coding.map_or(Coding::Identity, |c| Coding::parse(c).expect("a coding"));
     coding.decode(body).expect("decodable")
 }
 
-struct Sent {
-    status: u16,
-    coding: Option<String>,
-    body: Vec<u8>,
+pub(crate) struct Sent {
+    pub status: u16,
+    pub coding: Option<String>,
+    pub body: Vec<u8>,
 }
 
-async fn send(url: &str, key: Option<&str>, body: &Value, accept: &str, id: &str) -> Sent {
+pub(crate) async fn send(
+    url: &str,
+    key: Option<&str>,
+    body: &Value,
+    accept: &str,
+    id: &str,
+) -> Sent {
     let mut req = testkit::client()
         .post(url)
         .header("content-type", "application/json")
@@ -122,7 +128,14 @@ async fn send(url: &str, key: Option<&str>, body: &Value, accept: &str, id: &str
 }
 
 /// Reads `events` SSE events of a stream, then leaves; how many it read.
-async fn abandon(url: &str, key: &str, body: &Value, accept: &str, id: &str, events: usize) {
+pub(crate) async fn abandon(
+    url: &str,
+    key: &str,
+    body: &Value,
+    accept: &str,
+    id: &str,
+    events: usize,
+) {
     let mut resp = testkit::client()
         .post(url)
         .bearer_auth(key)
@@ -141,7 +154,7 @@ async fn abandon(url: &str, key: &str, body: &Value, accept: &str, id: &str, eve
     drop(resp);
 }
 
-fn access_log(path: &Path, ids: &[String]) -> HashMap<String, Value> {
+pub(crate) fn access_log(path: &Path, ids: &[impl AsRef<str>]) -> HashMap<String, Value> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -150,7 +163,7 @@ fn access_log(path: &Path, ids: &[String]) -> HashMap<String, Value> {
             .map(|l| serde_json::from_str::<Value>(l).unwrap())
             .map(|v| (v["request_id"].as_str().unwrap().to_string(), v))
             .collect();
-        if ids.iter().all(|id| lines.contains_key(id)) {
+        if ids.iter().all(|id| lines.contains_key(id.as_ref())) {
             return lines;
         }
         assert!(Instant::now() < deadline, "missing lines");

@@ -4,6 +4,7 @@
 
 use serde::de::{self, MapAccess, SeqAccess};
 
+use super::fields::{Messages, Part};
 use super::{first_time, Check, Problem, Scanned, Seen, Shape, Skip};
 use crate::model_policy::Endpoint;
 
@@ -20,7 +21,8 @@ pub(super) fn member<'de, A: MapAccess<'de>>(
     match key {
         "messages" => {
             first_time(&mut seen.required, p, || "messages".into())?;
-            map.next_value_seed(Check(Messages(p)))?;
+            let messages = Messages(p, |problem, i| Message { problem, i });
+            map.next_value_seed(Check(messages))?;
         }
         "system" => {
             first_time(&mut seen.system, p, || "system".into())?;
@@ -78,33 +80,6 @@ impl<'de> Shape<'de> for System<'_> {
     }
     fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while seq.next_element_seed(Skip)?.is_some() {}
-        Ok(())
-    }
-}
-
-/// `messages`: a non-empty array.
-struct Messages<'p>(&'p Problem);
-
-impl<'de> Shape<'de> for Messages<'_> {
-    type Value = ();
-
-    fn problem(&self) -> &Problem {
-        self.0
-    }
-    fn wrong_type(&self) -> String {
-        "messages must be a non-empty array".into()
-    }
-    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let mut i = 0;
-        while seq
-            .next_element_seed(Check(Message { problem: self.0, i }))?
-            .is_some()
-        {
-            i += 1;
-        }
-        if i == 0 {
-            return Err(self.refuse());
-        }
         Ok(())
     }
 }
@@ -201,33 +176,11 @@ impl<'de> Shape<'de> for Content<'_> {
         let (problem, i) = (self.problem, self.i);
         let mut j = 0;
         while seq
-            .next_element_seed(Check(Block { problem, i, j }))?
+            .next_element_seed(Check(Part { problem, i, j }))?
             .is_some()
         {
             j += 1;
         }
-        Ok(())
-    }
-}
-
-/// `messages[i].content[j]`: an object; an image's base64 data inside is skipped, never copied.
-struct Block<'p> {
-    problem: &'p Problem,
-    i: usize,
-    j: usize,
-}
-
-impl<'de> Shape<'de> for Block<'_> {
-    type Value = ();
-
-    fn problem(&self) -> &Problem {
-        self.problem
-    }
-    fn wrong_type(&self) -> String {
-        format!("messages[{}].content[{}] must be an object", self.i, self.j)
-    }
-    fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while map.next_entry_seed(Skip, Skip)?.is_some() {}
         Ok(())
     }
 }

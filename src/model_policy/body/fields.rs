@@ -99,10 +99,19 @@ impl<'de> Shape<'de> for IncludeUsage<'_> {
     }
 }
 
-/// `messages`.
-pub(super) struct Messages<'p>(pub(super) &'p Problem);
+/// `messages`: a non-empty array, each element checked by the shape `.1` makes for its
+/// index (chat's message, or Anthropic's).
+pub(super) struct Messages<'p, M>(
+    pub(super) &'p Problem,
+    pub(super) fn(&'p Problem, usize) -> M,
+);
 
-impl<'de> Shape<'de> for Messages<'_> {
+/// Chat's `messages`.
+pub(super) fn chat_messages(problem: &Problem) -> Messages<'_, Message<'_>> {
+    Messages(problem, |problem, i| Message { problem, i })
+}
+
+impl<'de, 'p, M: Shape<'de, Value = ()>> Shape<'de> for Messages<'p, M> {
     type Value = ();
 
     fn problem(&self) -> &Problem {
@@ -113,10 +122,7 @@ impl<'de> Shape<'de> for Messages<'_> {
     }
     fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut i = 0;
-        while seq
-            .next_element_seed(Check(Message { problem: self.0, i }))?
-            .is_some()
-        {
+        while seq.next_element_seed(Check((self.1)(self.0, i)))?.is_some() {
             i += 1;
         }
         if i == 0 {
@@ -127,7 +133,7 @@ impl<'de> Shape<'de> for Messages<'_> {
 }
 
 /// `messages[i]`.
-struct Message<'p> {
+pub(super) struct Message<'p> {
     problem: &'p Problem,
     i: usize,
 }
@@ -227,12 +233,12 @@ impl<'de> Shape<'de> for Content<'_> {
     }
 }
 
-/// `messages[i].content[j]`: only its being an object is checked; an image's base64 data
-/// inside is skipped, never copied.
-struct Part<'p> {
-    problem: &'p Problem,
-    i: usize,
-    j: usize,
+/// `messages[i].content[j]` (a chat content part, or an Anthropic content block): only its
+/// being an object is checked; an image's base64 data inside is skipped, never copied.
+pub(super) struct Part<'p> {
+    pub(super) problem: &'p Problem,
+    pub(super) i: usize,
+    pub(super) j: usize,
 }
 
 impl<'de> Shape<'de> for Part<'_> {

@@ -17,7 +17,7 @@ mod anthropic;
 mod fields;
 mod responses;
 
-use fields::{Count, Input, Messages, Stream, StreamOptions};
+use fields::{chat_messages, Count, Input, Stream, StreamOptions};
 
 /// The endpoints with a streamed variant, where `stream` is read.
 fn streams(endpoint: Endpoint) -> bool {
@@ -328,7 +328,7 @@ impl<'de> Shape<'de> for Top<'_> {
                 }
                 ("messages", Endpoint::Chat) => {
                     first_time(&mut seen.required, p, || "messages".into())?;
-                    map.next_value_seed(Check(Messages(p)))?;
+                    map.next_value_seed(Check(chat_messages(p)))?;
                 }
                 ("stream", e) if streams(e) => {
                     first_time(&mut seen.stream, p, || "stream".into())?;
