@@ -14,6 +14,7 @@ mod errors;
 mod logging;
 mod metering;
 mod metrics;
+mod metrics_app;
 mod model_policy;
 mod proxy;
 mod rate_limit;

@@ -37,7 +37,7 @@ use crate::metering::Meter;
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::Endpoint;
 use crate::rate_limit::Backend;
-use crate::replicas::Replicas;
+use crate::replicas::{prefix, Replicas};
 use crate::routing::{self, Target};
 
 pub struct Gateway {
@@ -188,8 +188,10 @@ impl ProxyHttp for Gateway {
                 ctx.forward_from = forward_from;
                 if let (Some(endpoint), Some(models)) = (openai, self.models(ctx.route)) {
                     // Validate the body and apply the model policy before any upstream is chosen.
+                    let keyed = self.route(ctx).is_some_and(|r| r.replicas.keyed());
                     let (exchange, next) =
-                        openai::Exchange::begin(session, endpoint, models, &self.buffering).await?;
+                        openai::Exchange::begin(session, endpoint, models, &self.buffering, keyed)
+                            .await?;
                     ctx.openai = Some(Box::new(exchange));
                     if let openai::Next::Refuse(e) = next {
                         return local::reject(session, ctx, e).await;
@@ -235,7 +237,7 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_peer(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
         let replicas = &self
@@ -243,7 +245,17 @@ impl ProxyHttp for Gateway {
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?
             .replicas;
         let chosen = match (ctx.reached_replica, &ctx.replica) {
-            (true, Some(same)) => replicas.again(same.index),
+            (true, Some(same)) => {
+                let affinity = same.affinity;
+                replicas.again(same.index).map(|(mut c, peer)| {
+                    c.affinity = affinity;
+                    (c, peer)
+                })
+            }
+            _ if replicas.keyed() => {
+                let key = affinity_key(session.req_header(), ctx.openai.as_deref());
+                replicas.choose_for(ctx.tried, key)
+            }
             _ => replicas.choose(ctx.tried),
         };
         let Some((chosen, peer)) = chosen else {
@@ -479,6 +491,10 @@ impl ProxyHttp for Gateway {
             ctx.upstream_ttfb,
             ctx.auth_failure,
         );
+        let affinity = ctx.replica.as_ref().and_then(|c| c.affinity);
+        if let (Some(route), Some(result)) = (self.route(ctx), affinity) {
+            route.replicas.count_affinity(result);
+        }
         if self.access_log.enabled() {
             let replica = (self.route(ctx))
                 .zip(ctx.replica.as_ref())
@@ -488,5 +504,13 @@ impl ProxyHttp for Gateway {
                 self.metrics.access_log_dropped();
             }
         }
+    }
+}
+
+/// A request's affinity key: its `X-Session-Id`, else the start of a body already read.
+fn affinity_key(req: &RequestHeader, exchange: Option<&openai::Exchange>) -> Option<u64> {
+    match req.headers.get(&headers::X_SESSION_ID) {
+        Some(id) if !id.is_empty() => Some(prefix::session_key(id.as_bytes())),
+        _ => exchange.and_then(|x| x.affinity_key),
     }
 }

@@ -38,6 +38,7 @@ use crate::access_log;
 use crate::config::BufferLimits;
 use crate::errors::GatewayError;
 use crate::model_policy::{self, BodyError, Edit, Endpoint, Models};
+use crate::replicas::prefix;
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT` in pingora-core): a body read ahead is only
 /// replayed to the upstream if it fits.
@@ -76,6 +77,9 @@ pub struct Exchange {
     /// What the budgets need once the body is checked: its size, and the completion tokens
     /// it may use as it states them.
     pub ask: Option<(u64, Option<u64>)>,
+    /// With `balance = "prefix_affinity"`: the hash of the conversation's start in a body
+    /// read ahead (`replicas::prefix`). A held body arrives after the replica is chosen.
+    pub affinity_key: Option<u64>,
     /// The memory of a body read ahead: Pingora keeps the client's bytes in its retry buffer
     /// until the request ends, so this is held as long.
     reserved: Option<Reservation>,
@@ -106,11 +110,13 @@ pub enum Next {
 
 impl Exchange {
     /// Reads the body ahead when it is small enough to be replayed, else arranges to hold it.
+    /// `keyed`: the service balances by affinity, so a body read ahead gives its key.
     pub async fn begin(
         session: &mut Session,
         endpoint: Endpoint,
         models: &Models,
         bounds: &Buffering,
+        keyed: bool,
     ) -> Result<(Exchange, Next)> {
         let mut exchange = Exchange {
             endpoint,
@@ -119,6 +125,7 @@ impl Exchange {
             error: None,
             metered: Metered::default(),
             ask: None,
+            affinity_key: None,
             reserved: None,
         };
         let refuse = |exchange, e| Ok((exchange, Next::Refuse(e)));
@@ -163,6 +170,10 @@ impl Exchange {
             Err(e) => return Err(e),
         };
         let next = exchange.apply(&body, models);
+        if keyed && matches!(next, Next::Proxy) {
+            // The client's bytes, before the policy's edit: what every turn sends alike.
+            exchange.affinity_key = prefix::body_key(&body);
+        }
         let kept = match &exchange.body {
             Body::Replaced(changed) => len + changed.len() as u64,
             _ => len,
