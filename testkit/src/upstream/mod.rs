@@ -7,18 +7,21 @@
 //! Under `/oa/` it answers as the OpenAI API does (`openai.rs`): the token counts it reports
 //! are the constants below, the bodies it sends `json_body`, `sse_body` and `embeddings_body`,
 //! in the content coding negotiated or forced (`Coding`).
-//! In model mode (`Upstream::model`) it answers as the demo model of `model.rs` instead.
+//! In model mode (`Upstream::model`) it answers as the demo model of `model.rs` instead, in
+//! sim mode (`Upstream::sim`) as a model server with a prefix cache (`sim.rs`).
 
 mod coding;
 mod model;
 mod openai;
 mod serve;
+mod sim;
 mod wire;
 
 #[cfg(test)]
 mod tests;
 
 pub use coding::Coding;
+pub use sim::{SimSettings, BLOCK as SIM_BLOCK};
 pub use openai::{
     embeddings_body, json_body, sse_body, Endpoint, Usage, CHAT_JSON_USAGE, CHAT_SSE_USAGE,
     COMPLETIONS_JSON_USAGE, COMPLETIONS_SSE_USAGE, CREATED, EMBEDDINGS_USAGE,
@@ -163,6 +166,8 @@ struct State {
     cut_in_flight: AtomicUsize,
     /// Set in model mode: every request but `/health` is answered by `model.rs`.
     model: OnceLock<model::Model>,
+    /// Set in sim mode: every request but `/health` is answered by `sim.rs`.
+    sim: OnceLock<sim::Sim>,
 }
 
 impl State {
@@ -228,6 +233,7 @@ impl Upstream {
             conns: AtomicUsize::new(0),
             cut_in_flight: AtomicUsize::new(0),
             model: OnceLock::new(),
+            sim: OnceLock::new(),
         });
         // Its own runtime on its own threads: independent of the test's runtime and unaffected
         // by a test blocking its thread.
@@ -260,6 +266,15 @@ impl Upstream {
     pub fn model(name: &str, addr: SocketAddr, token_delay: Duration) -> Upstream {
         let u = Upstream::stopped(name, addr, &HitLog::new());
         let _ = u.state.model.set(model::Model::new(token_delay));
+        u.restart();
+        u
+    }
+
+    /// A simulated model server with a prefix cache on `addr` (see `sim.rs`): what the
+    /// affinity tests and the routing benchmark measure cache hits and time to first token on.
+    pub fn sim(name: &str, addr: SocketAddr, settings: SimSettings) -> Upstream {
+        let u = Upstream::stopped(name, addr, &HitLog::new());
+        let _ = u.state.sim.set(sim::Sim::new(settings));
         u.restart();
         u
     }
