@@ -3,6 +3,7 @@
 //! on loopback in front of real servers from the test kit.
 
 mod access_log;
+mod affinity;
 mod admin_api;
 mod auth;
 mod budget_admin;
