@@ -44,5 +44,6 @@ pub use config::{Config, JwtSettings};
 pub use errors::GatewayError;
 pub use metrics::Metrics;
 pub use proxy::peer_for;
+pub use replicas::prefix::{body_key as affinity_body_key, session_key as affinity_session_key};
 pub use replicas::Replicas;
 pub use routing::{classify as classify_path, Target};
