@@ -34,6 +34,7 @@ fn gateway(sims: &[Upstream; 3], extra_lines: &'static str) -> Gateway {
                 .lines(extra_lines),
         )
         .extra("[access_log]\ndestination = \"{dir}/access.log\"\n")
+        .max_body(4 << 20)
         .start()
 }
 
@@ -89,6 +90,16 @@ fn affinity_count(gw: &Gateway, result: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {want} in:\n{text}"))
 }
 
+/// Waits for `portcullis_affinity_total{result}` to reach `want` (a request is counted once
+/// the gateway is done with it, a moment after the client has its answer).
+async fn expect_count(gw: &Gateway, result: &str, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while affinity_count(gw, result) != want && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(affinity_count(gw, result), want, "{result}");
+}
+
 async fn wait_metric(gw: &Gateway, replica: &Upstream, value: u8) {
     let want = format!(
         "portcullis_upstream_healthy{{replica=\"{}\",service=\"infer\"}} {value}",
@@ -111,8 +122,8 @@ async fn the_same_session_id_always_lands_on_one_replica_and_sessions_spread() {
     let gw = gateway(&sims, "");
     let (key, _) = gw.create_key("infer", &[]);
     // Present at 0 before any request.
-    assert_eq!(affinity_count(&gw, "hit"), 0);
-    assert_eq!(affinity_count(&gw, "none"), 0);
+    expect_count(&gw, "hit", 0).await;
+    expect_count(&gw, "none", 0).await;
     let ids = sessions(12);
     let first = placement(&gw, &key, &ids).await;
     for _ in 0..3 {
@@ -123,8 +134,8 @@ async fn the_same_session_id_always_lands_on_one_replica_and_sessions_spread() {
         *per_replica.entry(r).or_default() += 1;
     }
     assert_eq!(per_replica.len(), 3, "12 sessions use every replica: {first:?}");
-    assert_eq!(affinity_count(&gw, "hit"), 48);
-    assert_eq!(affinity_count(&gw, "spill"), 0);
+    expect_count(&gw, "hit", 48).await;
+    expect_count(&gw, "spill", 0).await;
     // Not a body the gateway reads (no affinity key): least_requests, counted as none.
     let resp = testkit::client()
         .get(gw.url("/v1/infer/v1/models"))
@@ -133,7 +144,7 @@ async fn the_same_session_id_always_lands_on_one_replica_and_sessions_spread() {
         .await
         .unwrap();
     let id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
-    assert_eq!(affinity_count(&gw, "none"), 1);
+    expect_count(&gw, "none", 1).await;
     let last = chat(&gw, &key, Some(&ids[0]), &short_body()).await;
     let log = access_lines(&gw, &[&id, &last.request_id]);
     assert_eq!(log[&id]["affinity"], "none");
@@ -171,8 +182,8 @@ async fn a_multi_turn_conversation_stays_on_one_replica_and_its_cache_hits() {
     where_each.sort();
     where_each.dedup();
     assert!(where_each.len() > 1, "conversations spread: {where_each:?}");
-    assert_eq!(affinity_count(&gw, "hit"), 36);
-    assert_eq!(affinity_count(&gw, "none"), 0);
+    expect_count(&gw, "hit", 36).await;
+    expect_count(&gw, "none", 0).await;
 }
 
 #[tokio::test]
@@ -208,8 +219,8 @@ async fn an_overloaded_replica_spills_to_the_next_on_the_ring_then_gets_its_key_
     // 1, 1, 2, 2, 3, 3, so the owner takes the 1st, 3rd and 5th and the rest spill.
     let on_owner = got.iter().filter(|r| **r == owner).count();
     assert_eq!(on_owner, 3, "owner {owner}: {got:?}");
-    assert_eq!(affinity_count(&gw, "spill"), 3);
-    assert_eq!(affinity_count(&gw, "hit"), 4);
+    expect_count(&gw, "spill", 3).await;
+    expect_count(&gw, "hit", 4).await;
     // Idle again: the key is its replica's.
     assert_eq!(chat(&gw, &key, Some("hot"), &short_body()).await.replica, owner);
 }
@@ -265,7 +276,7 @@ async fn a_health_check_failure_moves_only_its_keys_each_to_one_next_replica() {
             assert_eq!(b, o);
         }
     }
-    assert_eq!(affinity_count(&gw, "spill") - spills, 2 * moved);
+    expect_count(&gw, "spill", spills + 2 * moved).await;
     sick.set_healthy(true);
     wait_metric(&gw, sick, 1).await;
     assert_eq!(placement(&gw, &key, &ids).await, before);
@@ -288,4 +299,62 @@ fn access_lines(gw: &Gateway, want: &[&str]) -> HashMap<String, Value> {
         assert!(Instant::now() < deadline, "missing lines in:\n{text}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[tokio::test]
+async fn a_long_conversation_held_whole_keeps_its_replica_sent_with_a_length_or_chunked() {
+    let sims = three_sims(Duration::ZERO);
+    let gw = gateway(&sims, "");
+    let (key, _) = gw.create_key("infer", &[]);
+    let long = |w: &str| vec![w; 20_000].join(" ");
+    let mut placed = Vec::new();
+    for c in 0..4 {
+        // Over 64 KiB: held in the request body filter, its start read before the replica.
+        let mut messages = vec![
+            json!({"role": "system", "content": long("rules")}),
+            json!({"role": "user", "content": format!("conversation {c}: {}", long("doc"))}),
+        ];
+        let mut replicas = Vec::new();
+        for turn in 0..3 {
+            let body = json!({"model": "m", "max_tokens": 2, "messages": messages});
+            let bytes = serde_json::to_vec(&body).unwrap();
+            assert!(bytes.len() > 200_000);
+            // Turn 1 chunked (no length declared), the others with a length.
+            let framing = if turn == 1 {
+                "Transfer-Encoding: chunked".to_string()
+            } else {
+                format!("Content-Length: {}", bytes.len())
+            };
+            let mut request = format!(
+                "POST /v1/infer/v1/chat/completions HTTP/1.1\r\nHost: gw\r\n\
+                 Authorization: Bearer {key}\r\nContent-Type: application/json\r\n\
+                 Connection: close\r\n{framing}\r\n\r\n"
+            )
+            .into_bytes();
+            if turn == 1 {
+                for chunk in bytes.chunks(10_000) {
+                    request.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+                    request.extend_from_slice(chunk);
+                    request.extend_from_slice(b"\r\n");
+                }
+                request.extend_from_slice(b"0\r\n\r\n");
+            } else {
+                request.extend_from_slice(&bytes);
+            }
+            let (status, headers, answer) = gw.raw(&request);
+            assert_eq!(status, 200, "{}", gw.log());
+            replicas.push(testkit::header(&headers, "x-sim-replica").unwrap().to_string());
+            let answer: Value = serde_json::from_slice(&answer).unwrap();
+            if turn > 0 {
+                let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+                assert!(cached.unwrap() >= 40_000, "turn {turn}: {answer}");
+            }
+            messages.push(json!({"role": "assistant", "content": "tok tok"}));
+            messages.push(json!({"role": "user", "content": format!("turn {turn}")}));
+        }
+        assert!(replicas.iter().all(|r| *r == replicas[0]), "{replicas:?}");
+        placed.push(replicas[0].clone());
+    }
+    expect_count(&gw, "hit", 12).await;
+    expect_count(&gw, "none", 0).await;
 }
