@@ -55,18 +55,24 @@ fn choosing(c: &mut Criterion) {
 
     let affine = replicas(&three, "prefix_affinity");
     let body = prompt_220kb();
-    c.bench_function("replicas/choose: three, prefix_affinity, 220 KB prompt", |b| {
-        b.iter(|| {
-            let key = portcullis::affinity_body_key(black_box(&body));
-            black_box(affine.choose_for(0, key).unwrap())
-        })
-    });
-    c.bench_function("replicas/choose: three, prefix_affinity, X-Session-Id", |b| {
-        b.iter(|| {
-            let key = portcullis::affinity_session_key(black_box(b"conversation-0123456789"));
-            black_box(affine.choose_for(0, Some(key)).unwrap())
-        })
-    });
+    c.bench_function(
+        "replicas/choose: three, prefix_affinity, 220 KB prompt",
+        |b| {
+            b.iter(|| {
+                let key = portcullis::affinity_body_key(black_box(&body));
+                black_box(affine.choose_for(0, key).unwrap())
+            })
+        },
+    );
+    c.bench_function(
+        "replicas/choose: three, prefix_affinity, X-Session-Id",
+        |b| {
+            b.iter(|| {
+                let key = portcullis::affinity_session_key(black_box(b"conversation-0123456789"));
+                black_box(affine.choose_for(0, Some(key)).unwrap())
+            })
+        },
+    );
 }
 
 /// A long conversation: a 6 KB system prompt, a 20 KB first user message (past the 16 KiB

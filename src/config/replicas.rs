@@ -19,7 +19,9 @@ pub enum Balance {
     RoundRobin,
     /// Bounded-load consistent hashing on the conversation's start or `X-Session-Id`, so a
     /// replica's prefix cache is reused; the factor bounds a replica's share of the load.
-    PrefixAffinity { load_factor: f64 },
+    PrefixAffinity {
+        load_factor: f64,
+    },
 }
 
 /// `affinity_load_factor` unless set.

@@ -437,7 +437,11 @@ fn bodies_read_whole_are_bounded_by_default_and_their_bounds_checked() {
 
 #[test]
 fn prefix_affinity_takes_a_load_factor_over_one() {
-    let balance = |lines: &str| parse(&format!("{MINIMAL}{lines}")).unwrap().services[0].balancing.balance;
+    let balance = |lines: &str| {
+        parse(&format!("{MINIMAL}{lines}")).unwrap().services[0]
+            .balancing
+            .balance
+    };
     assert_eq!(
         balance("balance = \"prefix_affinity\"\n"),
         Balance::PrefixAffinity { load_factor: 1.25 }
@@ -457,9 +461,14 @@ fn prefix_affinity_takes_a_load_factor_over_one() {
     }
     let p = problems(&format!("{MINIMAL}affinity_load_factor = 1.5\n"));
     assert!(
-        p.contains("services.infer.affinity_load_factor: only applies with balance = \"prefix_affinity\""),
+        p.contains(
+            "services.infer.affinity_load_factor: only applies with balance = \"prefix_affinity\""
+        ),
         "{p}"
     );
     let p = problems(&format!("{MINIMAL}balance = \"sticky\"\n"));
-    assert!(p.contains("is not least_requests, round_robin or prefix_affinity"), "{p}");
+    assert!(
+        p.contains("is not least_requests, round_robin or prefix_affinity"),
+        "{p}"
+    );
 }

@@ -164,7 +164,10 @@ mod tests {
                 moved += 1;
             }
         }
-        assert!((2_000..3_000).contains(&moved), "about a quarter moves: {moved}");
+        assert!(
+            (2_000..3_000).contains(&moved),
+            "about a quarter moves: {moved}"
+        );
     }
 
     #[test]

@@ -180,7 +180,11 @@ impl Replicas {
     /// the peer to connect to. Replicas in rotation first; with none left, any untried one
     /// (better a likely 502 than a certain one). `None` when every replica was tried. `key`:
     /// the request's affinity key, on a `prefix_affinity` service.
-    pub fn choose_for(self: &Arc<Self>, tried: u64, key: Option<u64>) -> Option<(Chosen, HttpPeer)> {
+    pub fn choose_for(
+        self: &Arc<Self>,
+        tried: u64,
+        key: Option<u64>,
+    ) -> Option<(Chosen, HttpPeer)> {
         let n = self.members.len();
         // Every replica has an address: start-up resolves each or fails, and a refresh only
         // ever swaps in a non-empty set.
@@ -199,7 +203,9 @@ impl Replicas {
             (&self.affinity, key, self.balance)
         {
             if let Some((index, result)) = self.affine(ring, key, load_factor, tried, now) {
-                return self.again(index).map(|(c, peer)| (c.with(Some(result)), peer));
+                return self
+                    .again(index)
+                    .map(|(c, peer)| (c.with(Some(result)), peer));
             }
         }
         let spilled = result.map(|r| match r {
@@ -254,7 +260,11 @@ impl Replicas {
             let r = &self.members[i];
             let usable = tried & (1 << i) == 0 && self.in_rotation(r, now);
             if usable && r.in_flight.load(Ordering::Relaxed) < bound {
-                let result = if k == 0 { Affinity::Hit } else { Affinity::Spill };
+                let result = if k == 0 {
+                    Affinity::Hit
+                } else {
+                    Affinity::Spill
+                };
                 return Some((i, result));
             }
         }

@@ -155,7 +155,10 @@ impl<'a> Scan<'a> {
             }
             _ => {
                 // A number, true, false or null: up to the next delimiter.
-                while !matches!(self.peek()?, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t') {
+                while !matches!(
+                    self.peek()?,
+                    b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t'
+                ) {
                     self.i += 1;
                 }
                 Some(())
@@ -225,7 +228,9 @@ mod tests {
     fn at_most_the_window_is_hashed_and_the_member_must_start_within_it() {
         let long = "x".repeat(200_000);
         let one = format!(r#"{{"messages":[{{"role":"user","content":"{long}"}}]}}"#);
-        let two = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{long}"}},{{"role":"user","content":"y"}}]}}"#);
+        let two = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"{long}"}},{{"role":"user","content":"y"}}]}}"#
+        );
         assert_eq!(start(&one).unwrap().len(), WINDOW);
         assert_eq!(body_key(one.as_bytes()), body_key(two.as_bytes()));
         let late = format!(r#"{{"tools":"{long}","messages":[]}}"#);

@@ -137,7 +137,11 @@ fn prefix_affinity_keeps_a_key_on_its_replica_until_the_bound_then_spills_along_
     drop(first);
     for _ in 0..10 {
         let (c, _) = r.choose_for(0, Some(key)).unwrap();
-        assert_eq!((c.index, c.affinity), (owner, Some(Hit)), "idle: never spills");
+        assert_eq!(
+            (c.index, c.affinity),
+            (owner, Some(Hit)),
+            "idle: never spills"
+        );
     }
     // Held in flight on its replica: 1 (bound ⌈1.25 × 2 / 3⌉ = 1 for the second) → spills
     // to the next replica on the ring, and always the same one.

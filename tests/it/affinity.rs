@@ -54,7 +54,10 @@ async fn chat(gw: &Gateway, key: &str, session: Option<&str>, body: &Value) -> A
     if let Some(s) = session {
         req = req.header("x-session-id", s);
     }
-    let resp = req.send().await.unwrap_or_else(|e| panic!("{e}\n{}", gw.log()));
+    let resp = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", gw.log()));
     assert_eq!(resp.status(), 200, "{}", gw.log());
     let header = |name: &str| resp.headers()[name].to_str().unwrap().to_string();
     let (replica, request_id) = (header("x-sim-replica"), header("x-request-id"));
@@ -133,7 +136,11 @@ async fn the_same_session_id_always_lands_on_one_replica_and_sessions_spread() {
     for r in &first {
         *per_replica.entry(r).or_default() += 1;
     }
-    assert_eq!(per_replica.len(), 3, "12 sessions use every replica: {first:?}");
+    assert_eq!(
+        per_replica.len(),
+        3,
+        "12 sessions use every replica: {first:?}"
+    );
     expect_count(&gw, "hit", 48).await;
     expect_count(&gw, "spill", 0).await;
     // Not a body the gateway reads (no affinity key): least_requests, counted as none.
@@ -156,7 +163,10 @@ async fn a_multi_turn_conversation_stays_on_one_replica_and_its_cache_hits() {
     let sims = three_sims(Duration::ZERO);
     let gw = gateway(&sims, "");
     let (key, _) = gw.create_key("infer", &[]);
-    let system = (0..200).map(|i| format!("rule{i}")).collect::<Vec<_>>().join(" ");
+    let system = (0..200)
+        .map(|i| format!("rule{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
     let mut where_each = Vec::new();
     for c in 0..9 {
         let mut messages = vec![
@@ -170,13 +180,20 @@ async fn a_multi_turn_conversation_stays_on_one_replica_and_its_cache_hits() {
                 "messages": messages});
             let a = chat(&gw, &key, None, &body).await;
             if turn > 0 {
-                assert!(a.cached_tokens >= 200, "turn {turn} reuses the cache: {}", a.cached_tokens);
+                assert!(
+                    a.cached_tokens >= 200,
+                    "turn {turn} reuses the cache: {}",
+                    a.cached_tokens
+                );
             }
             replicas.push(a.replica);
             messages.push(json!({"role": "assistant", "content": "tok tok tok tok"}));
             messages.push(json!({"role": "user", "content": format!("turn {turn} follow-up")}));
         }
-        assert!(replicas.iter().all(|r| *r == replicas[0]), "conversation {c}: {replicas:?}");
+        assert!(
+            replicas.iter().all(|r| *r == replicas[0]),
+            "conversation {c}: {replicas:?}"
+        );
         where_each.push(replicas[0].clone());
     }
     where_each.sort();
@@ -193,10 +210,15 @@ async fn an_overloaded_replica_spills_to_the_next_on_the_ring_then_gets_its_key_
     let gw = gateway(&sims, "affinity_load_factor = 1.25");
     let (key, _) = gw.create_key("infer", &[]);
     let owner = chat(&gw, &key, Some("hot"), &short_body()).await.replica;
-    let slow = json!({"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]});
+    let slow =
+        json!({"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]});
     let mut held = Vec::new();
     for _ in 0..6 {
-        let (gw_url, key, body) = (gw.url("/v1/infer/v1/chat/completions"), key.clone(), slow.clone());
+        let (gw_url, key, body) = (
+            gw.url("/v1/infer/v1/chat/completions"),
+            key.clone(),
+            slow.clone(),
+        );
         held.push(tokio::spawn(async move {
             let resp = testkit::client()
                 .post(gw_url)
@@ -206,7 +228,10 @@ async fn an_overloaded_replica_spills_to_the_next_on_the_ring_then_gets_its_key_
                 .send()
                 .await
                 .unwrap();
-            resp.headers()["x-sim-replica"].to_str().unwrap().to_string()
+            resp.headers()["x-sim-replica"]
+                .to_str()
+                .unwrap()
+                .to_string()
         }));
         // Each is in flight before the next is placed.
         tokio::time::sleep(Duration::from_millis(60)).await;
@@ -222,7 +247,10 @@ async fn an_overloaded_replica_spills_to_the_next_on_the_ring_then_gets_its_key_
     expect_count(&gw, "spill", 3).await;
     expect_count(&gw, "hit", 4).await;
     // Idle again: the key is its replica's.
-    assert_eq!(chat(&gw, &key, Some("hot"), &short_body()).await.replica, owner);
+    assert_eq!(
+        chat(&gw, &key, Some("hot"), &short_body()).await.replica,
+        owner
+    );
 }
 
 #[tokio::test]
@@ -251,7 +279,11 @@ async fn a_replica_killed_and_restarted_takes_back_only_its_share() {
     assert!(before.contains(&gone.name), "{before:?}");
     gone.restart();
     wait_metric(&gw, gone, 1).await;
-    assert_eq!(placement(&gw, &key, &ids).await, before, "only its share came back");
+    assert_eq!(
+        placement(&gw, &key, &ids).await,
+        before,
+        "only its share came back"
+    );
 }
 
 #[tokio::test]
@@ -268,7 +300,11 @@ async fn a_health_check_failure_moves_only_its_keys_each_to_one_next_replica() {
     wait_metric(&gw, sick, 0).await;
     let spills = affinity_count(&gw, "spill");
     let out = placement(&gw, &key, &ids).await;
-    assert_eq!(placement(&gw, &key, &ids).await, out, "each moved key has one new replica");
+    assert_eq!(
+        placement(&gw, &key, &ids).await,
+        out,
+        "each moved key has one new replica"
+    );
     for (b, o) in before.iter().zip(&out) {
         if *b == sick.name {
             assert_ne!(*o, sick.name);
@@ -343,7 +379,11 @@ async fn a_long_conversation_held_whole_keeps_its_replica_sent_with_a_length_or_
             }
             let (status, headers, answer) = gw.raw(&request);
             assert_eq!(status, 200, "{}", gw.log());
-            replicas.push(testkit::header(&headers, "x-sim-replica").unwrap().to_string());
+            replicas.push(
+                testkit::header(&headers, "x-sim-replica")
+                    .unwrap()
+                    .to_string(),
+            );
             let answer: Value = serde_json::from_slice(&answer).unwrap();
             if turn > 0 {
                 let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();

@@ -3,8 +3,8 @@
 //! on loopback in front of real servers from the test kit.
 
 mod access_log;
-mod affinity;
 mod admin_api;
+mod affinity;
 mod auth;
 mod budget_admin;
 mod budgets;

@@ -21,11 +21,11 @@ mod wire;
 mod tests;
 
 pub use coding::Coding;
-pub use sim::{SimSettings, BLOCK as SIM_BLOCK};
 pub use openai::{
     embeddings_body, json_body, sse_body, Endpoint, Usage, CHAT_JSON_USAGE, CHAT_SSE_USAGE,
     COMPLETIONS_JSON_USAGE, COMPLETIONS_SSE_USAGE, CREATED, EMBEDDINGS_USAGE,
 };
+pub use sim::{SimSettings, BLOCK as SIM_BLOCK};
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -113,7 +113,11 @@ impl Sim {
 /// The chained block hashes of a chat body's messages, and its token count.
 fn blocks(body: &Value) -> (Vec<u64>, usize) {
     let mut tokens: Vec<&str> = Vec::new();
-    for m in body["messages"].as_array().map(Vec::as_slice).unwrap_or_default() {
+    for m in body["messages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
         tokens.extend(m["role"].as_str().unwrap_or_default().split_whitespace());
         tokens.extend(m["content"].as_str().unwrap_or_default().split_whitespace());
     }
@@ -139,7 +143,8 @@ pub(super) async fn answer(conn: &mut TcpStream, req: &Hit, sim: &Sim, name: &st
     let body: Value = match serde_json::from_slice(&req.body) {
         Ok(b) if req.path().ends_with("/chat/completions") => b,
         _ => {
-            let e = r#"{"error":{"message":"POST a chat completion","type":"invalid_request_error"}}"#;
+            let e =
+                r#"{"error":{"message":"POST a chat completion","type":"invalid_request_error"}}"#;
             return write_json(conn, "400 Bad Request", "", e).await;
         }
     };
@@ -226,7 +231,12 @@ mod tests {
 
     #[test]
     fn blocks_chain_so_a_later_turn_hits_the_earlier_turns_blocks() {
-        let words = |n: usize| (0..n).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+        let words = |n: usize| {
+            (0..n)
+                .map(|i| format!("w{i}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         let one = json!({"messages": [{"role": "system", "content": words(40)},
             {"role": "user", "content": "hello there"}]});
         let two = json!({"messages": [{"role": "system", "content": words(40)},
@@ -240,6 +250,10 @@ mod tests {
         assert_eq!(lru.lookup_and_store(&b, 100), 2);
         // Capacity 2: b's four blocks all hit, then only its last two are kept.
         assert_eq!(lru.lookup_and_store(&b, 2), 4);
-        assert_eq!(lru.lookup_and_store(&a, 2), 0, "the first block was evicted");
+        assert_eq!(
+            lru.lookup_and_store(&a, 2),
+            0,
+            "the first block was evicted"
+        );
     }
 }
