@@ -37,7 +37,7 @@ use crate::metering::Meter;
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::Endpoint;
 use crate::rate_limit::Backend;
-use crate::replicas::{prefix, Replicas};
+use crate::replicas::Replicas;
 use crate::routing::{self, Target};
 
 pub struct Gateway {
@@ -244,20 +244,7 @@ impl ProxyHttp for Gateway {
             .route(ctx)
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?
             .replicas;
-        let chosen = match (ctx.reached_replica, &ctx.replica) {
-            (true, Some(same)) => {
-                let affinity = same.affinity;
-                replicas.again(same.index).map(|(mut c, peer)| {
-                    c.affinity = affinity;
-                    (c, peer)
-                })
-            }
-            _ if replicas.keyed() => {
-                let key = affinity_key(session.req_header(), ctx.openai.as_deref());
-                replicas.choose_for(ctx.tried, key)
-            }
-            _ => replicas.choose(ctx.tried),
-        };
+        let chosen = route::choose(replicas, session.req_header(), ctx);
         let Some((chosen, peer)) = chosen else {
             return Error::e_explain(ErrorType::ConnectNoRoute, "every replica was tried");
         };
@@ -504,13 +491,5 @@ impl ProxyHttp for Gateway {
                 self.metrics.access_log_dropped();
             }
         }
-    }
-}
-
-/// A request's affinity key: its `X-Session-Id`, else the start of a body already read.
-fn affinity_key(req: &RequestHeader, exchange: Option<&openai::Exchange>) -> Option<u64> {
-    match req.headers.get(&headers::X_SESSION_ID) {
-        Some(id) if !id.is_empty() => Some(prefix::session_key(id.as_bytes())),
-        _ => exchange.and_then(|x| x.affinity_key),
     }
 }
