@@ -110,7 +110,7 @@ pub enum Next {
 
 impl Exchange {
     /// Reads the body ahead when it is small enough to be replayed, else arranges to hold it.
-    /// `keyed`: the service balances by affinity, so a body read ahead gives its key.
+    /// `keyed`: the service balances by affinity, so a chat or completions body gives its key.
     pub async fn begin(
         session: &mut Session,
         endpoint: Endpoint,
@@ -129,6 +129,8 @@ impl Exchange {
             reserved: None,
         };
         let refuse = |exchange, e| Ok((exchange, Next::Refuse(e)));
+        // Embeddings have no conversation to keep together: least_requests places them.
+        let keyed = keyed && matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
         let declared = declared_length(session.req_header());
         if declared.is_some_and(|len| len > bounds.max_body) {
             return refuse(exchange, GatewayError::PayloadTooLarge);

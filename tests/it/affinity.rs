@@ -11,8 +11,13 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use testkit::{Gateway, Service, SimSettings, Upstream};
 
-const HEALTH_1S: &str =
-    "health_check = { path = \"/health\", interval_seconds = 1, timeout_seconds = 1 }";
+/// The tests of where keys go, one request after another: a request counts as in flight until
+/// the gateway is done with it, which can be a moment after the client has the answer, so the
+/// next one may see it still there. A factor of 3 keeps one such request from making a spill
+/// (⌈3 × 2 / 3⌉ = 2); the spill test uses the default and waits instead.
+const ROOMY: &str = "affinity_load_factor = 3.0";
+const HEALTH_1S: &str = "affinity_load_factor = 3.0\n\
+    health_check = { path = \"/health\", interval_seconds = 1, timeout_seconds = 1 }";
 
 /// Three simulated replicas A, B and C, each decoding a token every `decode`.
 fn three_sims(decode: Duration) -> [Upstream; 3] {
@@ -75,6 +80,11 @@ fn short_body() -> Value {
     json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
 }
 
+/// Until the gateway is done with the requests answered so far.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
 /// Where each of `sessions` lands, one request each, one after another.
 async fn placement(gw: &Gateway, key: &str, sessions: &[String]) -> Vec<String> {
     let mut out = Vec::new();
@@ -122,7 +132,7 @@ fn sessions(n: usize) -> Vec<String> {
 #[tokio::test]
 async fn the_same_session_id_always_lands_on_one_replica_and_sessions_spread() {
     let sims = three_sims(Duration::ZERO);
-    let gw = gateway(&sims, "");
+    let gw = gateway(&sims, ROOMY);
     let (key, _) = gw.create_key("infer", &[]);
     // Present at 0 before any request.
     expect_count(&gw, "hit", 0).await;
@@ -161,7 +171,7 @@ async fn the_same_session_id_always_lands_on_one_replica_and_sessions_spread() {
 #[tokio::test]
 async fn a_multi_turn_conversation_stays_on_one_replica_and_its_cache_hits() {
     let sims = three_sims(Duration::ZERO);
-    let gw = gateway(&sims, "");
+    let gw = gateway(&sims, ROOMY);
     let (key, _) = gw.create_key("infer", &[]);
     let system = (0..200)
         .map(|i| format!("rule{i}"))
@@ -210,6 +220,7 @@ async fn an_overloaded_replica_spills_to_the_next_on_the_ring_then_gets_its_key_
     let gw = gateway(&sims, "affinity_load_factor = 1.25");
     let (key, _) = gw.create_key("infer", &[]);
     let owner = chat(&gw, &key, Some("hot"), &short_body()).await.replica;
+    settle().await;
     let slow =
         json!({"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]});
     let mut held = Vec::new();
@@ -246,6 +257,7 @@ async fn an_overloaded_replica_spills_to_the_next_on_the_ring_then_gets_its_key_
     assert_eq!(on_owner, 3, "owner {owner}: {got:?}");
     expect_count(&gw, "spill", 3).await;
     expect_count(&gw, "hit", 4).await;
+    settle().await;
     // Idle again: the key is its replica's.
     assert_eq!(
         chat(&gw, &key, Some("hot"), &short_body()).await.replica,
@@ -340,7 +352,7 @@ fn access_lines(gw: &Gateway, want: &[&str]) -> HashMap<String, Value> {
 #[tokio::test]
 async fn a_long_conversation_held_whole_keeps_its_replica_sent_with_a_length_or_chunked() {
     let sims = three_sims(Duration::ZERO);
-    let gw = gateway(&sims, "");
+    let gw = gateway(&sims, ROOMY);
     let (key, _) = gw.create_key("infer", &[]);
     let long = |w: &str| vec![w; 20_000].join(" ");
     let mut placed = Vec::new();
@@ -397,4 +409,28 @@ async fn a_long_conversation_held_whole_keeps_its_replica_sent_with_a_length_or_
     }
     expect_count(&gw, "hit", 12).await;
     expect_count(&gw, "none", 0).await;
+    // A small chunked body is read whole before the choice, and still sent whole.
+    let small = serde_json::to_vec(&short_body()).unwrap();
+    let mut request = format!(
+        "POST /v1/infer/v1/chat/completions HTTP/1.1\r\nHost: gw\r\n\
+         Authorization: Bearer {key}\r\nContent-Type: application/json\r\n\
+         Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+        small.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&small);
+    request.extend_from_slice(b"\r\n0\r\n\r\n");
+    let (status, _, answer) = gw.raw(&request);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+    expect_count(&gw, "hit", 13).await;
+    // Embeddings are not conversations: no key.
+    let resp = testkit::client()
+        .post(gw.url("/v1/infer/v1/embeddings"))
+        .bearer_auth(&key)
+        .json(&json!({"model": "m", "input": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    drop(resp);
+    expect_count(&gw, "none", 1).await;
 }
