@@ -7,7 +7,6 @@
 //! Listens on 127.0.0.1 only. Port 0 picks a free port. Prints exactly one line
 //! `LISTENING <port>` once bound, then serves until SIGTERM or SIGINT, and exits 0.
 
-use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -54,27 +53,6 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (mut term, mut int) = rt.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        (
-            signal(SignalKind::terminate()).unwrap(),
-            signal(SignalKind::interrupt()).unwrap(),
-        )
-    });
-    let upstream = Upstream::sim(&name, addr, settings);
-    let mut out = std::io::stdout();
-    let _ = writeln!(out, "LISTENING {}", addr.port());
-    let _ = out.flush();
-    rt.block_on(async {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    });
-    drop(upstream);
+    testkit::upstream::serve_until_signal(addr, || Upstream::sim(&name, addr, settings));
     ExitCode::SUCCESS
 }

@@ -400,6 +400,35 @@ impl Upstream {
     }
 }
 
+/// An upstream as a program (the `fake-upstream` and `sim-replica` binaries): `start` makes it
+/// on `addr`, then `LISTENING <port>` is printed and it serves until SIGTERM or SIGINT.
+pub fn serve_until_signal(addr: SocketAddr, start: impl FnOnce() -> Upstream) {
+    use std::io::Write;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The handlers are in place before LISTENING, so a stop right after it still exits 0.
+    let (mut term, mut int) = rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::terminate()).unwrap(),
+            signal(SignalKind::interrupt()).unwrap(),
+        )
+    });
+    let upstream = start();
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "LISTENING {}", addr.port());
+    let _ = out.flush();
+    rt.block_on(async {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    });
+    drop(upstream);
+}
+
 impl Drop for Upstream {
     fn drop(&mut self) {
         if let Some(running) = self.running.lock().unwrap().take() {
