@@ -1,6 +1,7 @@
 //! A service's replicas at run time: which one a request goes to (`least_requests`,
-//! `round_robin` or `prefix_affinity`, `affinity.rs`), which are in rotation (active health checks, passive ejection after connect
-//! failures), and their current addresses (re-resolved off the request path, `dns.rs`).
+//! `round_robin` or `prefix_affinity`, `affinity.rs`), which are in rotation (active health
+//! checks, passive ejection after connect failures), and their current addresses (re-resolved
+//! off the request path, `dns.rs`).
 //!
 //! The request path only reads atomics and one `ArcSwap` per replica: no lock, no await, no
 //! allocation beyond the peer clone every proxied request already paid for.

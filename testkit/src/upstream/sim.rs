@@ -204,7 +204,8 @@ async fn serve(conn: &mut TcpStream, name: &str, sim: &Sim, body: &Value) -> boo
         let last = i + 1 == completion;
         let chunk = json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk",
             "created": 0, "model": body["model"], "choices": [{"index": 0,
-            "delta": {"content": "tok "}, "finish_reason": if last { json!("stop") } else { Value::Null }}],
+            "delta": {"content": "tok "},
+            "finish_reason": if last { json!("stop") } else { Value::Null }}],
             "usage": if last { usage.clone() } else { Value::Null }});
         if !write_chunk(conn, format!("data: {chunk}\n\n").as_bytes()).await {
             return false;
@@ -240,7 +241,8 @@ mod tests {
         let one = json!({"messages": [{"role": "system", "content": words(40)},
             {"role": "user", "content": "hello there"}]});
         let two = json!({"messages": [{"role": "system", "content": words(40)},
-            {"role": "user", "content": "hello there"}, {"role": "assistant", "content": words(30)}]});
+            {"role": "user", "content": "hello there"},
+            {"role": "assistant", "content": words(30)}]});
         let (a, tokens) = blocks(&one);
         assert_eq!((a.len(), tokens), (2, 44));
         let (b, _) = blocks(&two);
