@@ -1,7 +1,8 @@
 //! The request path's cost of choosing a replica (`make bench`; `cargo bench --bench replicas`):
 //! one replica (the fast path every single-upstream service takes), three with
 //! `least_requests` and with `round_robin`, against the one peer clone a request paid for
-//! before replicas existed.
+//! before replicas existed; and `prefix_affinity` for a 220 KB chat prompt (its key hashed
+//! from at most 16 KiB of the body, then the ring walked): the target is 5 µs.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -51,6 +52,45 @@ fn choosing(c: &mut Criterion) {
             b.iter(|| black_box(r.choose(0).unwrap()))
         });
     }
+
+    let affine = replicas(&three, "prefix_affinity");
+    let body = prompt_220kb();
+    c.bench_function(
+        "replicas/choose: three, prefix_affinity, 220 KB prompt",
+        |b| {
+            b.iter(|| {
+                let key = portcullis::affinity_body_key(black_box(&body));
+                black_box(affine.choose_for(0, key).unwrap())
+            })
+        },
+    );
+    c.bench_function(
+        "replicas/choose: three, prefix_affinity, X-Session-Id",
+        |b| {
+            b.iter(|| {
+                let key = portcullis::affinity_session_key(black_box(b"conversation-0123456789"));
+                black_box(affine.choose_for(0, Some(key)).unwrap())
+            })
+        },
+    );
+}
+
+/// A long conversation: a 6 KB system prompt, a 20 KB first user message (past the 16 KiB
+/// hashed), then turns up to 220 KB.
+fn prompt_220kb() -> Vec<u8> {
+    let words = |n: usize, w: &str| vec![w; n].join(" ");
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": words(1_000, "rules")}),
+        serde_json::json!({"role": "user", "content": words(4_000, "read")}),
+    ];
+    while serde_json::to_vec(&messages).unwrap().len() < 220_000 {
+        messages.push(serde_json::json!({"role": "assistant", "content": words(2_000, "said")}));
+        messages.push(serde_json::json!({"role": "user", "content": words(500, "asks")}));
+    }
+    let body = serde_json::json!({"model": "m", "stream": true, "messages": messages});
+    let body = serde_json::to_vec(&body).unwrap();
+    assert!(body.len() >= 220_000 && portcullis::affinity_body_key(&body).is_some());
+    body
 }
 
 criterion_group! {

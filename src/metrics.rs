@@ -3,10 +3,7 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
-use http::{Method, Response};
-use pingora::apps::http_app::ServeHttp;
-use pingora::protocols::http::ServerSession;
+use http::Method;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -40,6 +37,7 @@ pub struct Metrics {
     key_events: IntCounterVec,
     upstream_healthy: IntGaugeVec,
     upstream_connect_failures: IntCounterVec,
+    affinity: IntCounterVec,
     connections_refused: IntCounterVec,
     connections_open: IntGauge,
 }
@@ -175,6 +173,14 @@ impl Metrics {
             &["service", "replica"],
         )
         .expect("valid metric");
+        let affinity = IntCounterVec::new(
+            Opts::new(
+                "portcullis_affinity_total",
+                "Requests to balance = \"prefix_affinity\" services, by service and result: hit (the key's own replica), spill (its replica over the load bound, out of rotation or tried), none (no X-Session-Id and no body read).",
+            ),
+            &["service", "result"],
+        )
+        .expect("valid metric");
         let connections_refused = IntCounterVec::new(
             Opts::new(
                 "portcullis_connections_refused_total",
@@ -193,6 +199,7 @@ impl Metrics {
             Box::new(connections_refused.clone()),
             Box::new(connections_open.clone()),
             Box::new(upstream_connect_failures.clone()),
+            Box::new(affinity.clone()),
             Box::new(upstream_healthy.clone()),
             Box::new(key_events.clone()),
             Box::new(tokens.clone()),
@@ -228,6 +235,7 @@ impl Metrics {
             key_events,
             upstream_healthy,
             upstream_connect_failures,
+            affinity,
             connections_refused,
             connections_open,
         }
@@ -389,6 +397,11 @@ impl Metrics {
             .with_label_values(&[service, replica])
     }
 
+    /// One `portcullis_affinity_total` series, made at start-up so it shows at 0.
+    pub fn affinity(&self, service: &str, result: &str) -> IntCounter {
+        self.affinity.with_label_values(&[service, result])
+    }
+
     /// `created`, `revoked` or `budget`, counted by the key API.
     pub fn key_event(&self, event: &'static str) {
         self.key_events.with_label_values(&[event]).inc();
@@ -472,30 +485,5 @@ fn method_index(method: &Method) -> usize {
         Method::HEAD => 5,
         Method::OPTIONS => 6,
         _ => 7,
-    }
-}
-
-/// The `/metrics` endpoint.
-pub struct MetricsApp(pub std::sync::Arc<Metrics>);
-
-#[async_trait]
-impl ServeHttp for MetricsApp {
-    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
-        let path = session.req_header().uri.path();
-        let (status, content_type, body) = if path == "/metrics" {
-            (200, "text/plain; version=0.0.4", self.0.render())
-        } else {
-            (
-                404,
-                "application/json",
-                br#"{"error":"not_found"}"#.to_vec(),
-            )
-        };
-        Response::builder()
-            .status(status)
-            .header("content-type", content_type)
-            .header("content-length", body.len())
-            .body(body)
-            .expect("static response parts are valid")
     }
 }

@@ -54,10 +54,11 @@ class Tools:
         )
 
 
-def build(log, unpatched_floor=True, floor=True):
+def build(log, unpatched_floor=True, floor=True, examples=True):
+    """examples=False (ONLY=routing): the gateway alone, and no floor."""
     floors = "no floor" if not floor else "the floor twice" if unpatched_floor else "the floor"
     log(f"building (cargo build --release; the load tools as release examples; {floors})")
-    for command in BUILDS if floor else BUILDS[:2]:
+    for command in BUILDS if floor else BUILDS[:2] if examples else BUILDS[:1]:
         subprocess.run(command, cwd=ROOT, check=True)
     if unpatched_floor and floor:
         build_unpatched_floor()

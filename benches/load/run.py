@@ -29,6 +29,10 @@ Targets besides "direct", "nginx", "key" (API key) and "jwt" (RS256):
   requests_per_day (reserve only) paired on one core with a key without budget, an A/A pair, both
   keys at BUDGET_RATE (5,000 req/s) with loadgen, and their instructions under callgrind.
   ONLY=budgets runs just that; knobs BUDGET_ROUNDS, BUDGET_SECONDS, BUDGET_RATE.
+- routing (stages_routing.py): least_requests, round_robin and prefix_affinity on three
+  simulated model servers with prefix caches, 200 conversations x 8 turns with shared system
+  prompts and a few hot ones: cache hit rate (against one unbounded replica), TTFT, load spread.
+  ONLY=routing runs just that; knob ROUTING_CLIENTS (conversations at a time, 24).
 
 This file is the run's flow: the knobs, the order of the stages, the report's facts. Beside it:
 binaries.py (the binaries, their builds, the Debian tools), servers.py (the servers and targets),
@@ -56,6 +60,7 @@ from stages_footprint import Footprint
 from stages_latency import Latency
 from stages_budgets import Budgeting
 from stages_metering import Metering
+from stages_routing import Routing
 import report
 
 
@@ -89,7 +94,8 @@ class Settings:
     budget_rounds: int  # budgets: paired rounds and fixed-rate rounds
     budget_seconds: int  # each way of a pair, and each fixed-rate run
     budget_rate: int  # req/s of the budgets' fixed-rate runs
-    only: str  # "metering" or "budgets": only that stage
+    routing_clients: int  # routing: conversations at a time
+    only: str  # "metering", "budgets" or "routing": only that stage
     keep_work: bool
 
     @classmethod
@@ -118,12 +124,13 @@ class Settings:
             budget_rounds=knob("BUDGET_ROUNDS", 5),
             budget_seconds=knob("BUDGET_SECONDS", 5),
             budget_rate=knob("BUDGET_RATE", 5000),
+            routing_clients=knob("ROUTING_CLIENTS", 24),
             only=os.environ.get("ONLY", ""),
             keep_work=bool(os.environ.get("KEEP_WORK")),
         )
 
 
-class Bench(Metering, Budgeting, Latency, Footprint):
+class Bench(Metering, Budgeting, Latency, Footprint, Routing):
     """One run: starts everything, measures each stage into `raw`, writes the report. The servers
     and targets are in servers.py, the stages in stages_throughput.py, stages_latency.py,
     stages_footprint.py, stages_metering.py and stages_budgets.py."""
@@ -135,6 +142,9 @@ class Bench(Metering, Budgeting, Latency, Footprint):
 
     # ---- the whole run ----------------------------------------------------------------------
     def run(self, begin_wall, load_at_start):
+        if self.s.only == "routing":
+            # Servers of its own (stages_routing.py); nothing else is started.
+            return self.routing()
         # the servers and the targets through them (servers.py)
         self.raise_fd_limit()
         self.start_upstream_and_idp()
@@ -169,6 +179,7 @@ class Bench(Metering, Budgeting, Latency, Footprint):
         self.instructions()
         self.metering_instructions()
         self.budget_instructions()
+        self.routing()  # stages_routing.py: servers of its own
         return self.write_report(begin_wall, load_at_start)
 
     def run_metering(self, begin_wall, load_at_start):
@@ -204,7 +215,7 @@ class Bench(Metering, Budgeting, Latency, Footprint):
             loaded_rss=getattr(self, "loaded_rss", 0), loaded_hwm=getattr(self, "loaded_hwm", 0),
             elapsed=int(time.time() - begin_wall),
         )
-        text = render(self.raw, self.facts)
+        text = render(self.raw, self.facts) + getattr(self, "routing_text", "")
         out = ROOT / "bench-results"
         out.mkdir(exist_ok=True)
         (out / "latest.md").write_text(text)
@@ -238,8 +249,10 @@ def main():
     procs = Processes()
     work = Path(tempfile.mkdtemp(prefix="portcullis-bench."))
     try:
-        install_tools(log)
-        build(log, floor=not settings.only)  # ONLY=metering or budgets runs no floor
+        if settings.only != "routing":  # wrk, nginx, redis: routing needs none of them
+            install_tools(log)
+        # ONLY=metering or budgets runs no floor; ONLY=routing no load tools either.
+        build(log, floor=not settings.only, examples=settings.only != "routing")
         text = Bench(settings, Tools.built(), work, procs, log).run(begin_wall, load_at_start)
         sys.stdout.write(text)
         return 0

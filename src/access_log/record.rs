@@ -72,6 +72,9 @@ pub struct ProxiedFields<'a> {
     pub owner: Option<&'a str>,
     /// The configured `host:port` of the replica the request went to last; null if none.
     pub replica: Option<&'a str>,
+    /// On a `prefix_affinity` service: `hit`, `spill` or `none` (as
+    /// `portcullis_affinity_total`); null on other services.
+    pub affinity: Option<&'static str>,
 }
 
 /// A key created or revoked, or a budget changed, through the key API or the CLI.

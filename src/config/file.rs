@@ -176,8 +176,10 @@ pub struct Jwt {
 #[serde(deny_unknown_fields)]
 pub struct Service {
     pub upstream: Option<Replicas>,
-    /// `least_requests` (default) or `round_robin`.
+    /// `least_requests` (default), `round_robin` or `prefix_affinity`.
     pub balance: Option<String>,
+    /// With `prefix_affinity`: how far over the mean load a replica may be and keep its keys.
+    pub affinity_load_factor: Option<f64>,
     pub health_check: Option<HealthCheck>,
     pub dns_refresh_seconds: Option<u64>,
     pub eject_after_connect_failures: Option<u32>,

@@ -11,13 +11,21 @@ use super::{file, Upstream};
 /// Most replicas one service may list: a request marks the replicas it tried in a `u64`.
 pub const MAX_REPLICAS: usize = 64;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Balance {
     /// The replica with the fewest requests in flight from this gateway: LLM requests differ
     /// in length by orders of magnitude, so counting turns is not spreading load.
     LeastRequests,
     RoundRobin,
+    /// Bounded-load consistent hashing on the conversation's start or `X-Session-Id`, so a
+    /// replica's prefix cache is reused; the factor bounds a replica's share of the load.
+    PrefixAffinity {
+        load_factor: f64,
+    },
 }
+
+/// `affinity_load_factor` unless set.
+pub const DEFAULT_AFFINITY_LOAD_FACTOR: f64 = 1.25;
 
 #[derive(Debug, Clone)]
 pub struct HealthCheckSettings {
@@ -135,12 +143,35 @@ impl Validator<'_> {
         let balance = match s.balance.as_deref() {
             None | Some("least_requests") => Balance::LeastRequests,
             Some("round_robin") => Balance::RoundRobin,
+            Some("prefix_affinity") => Balance::PrefixAffinity {
+                load_factor: DEFAULT_AFFINITY_LOAD_FACTOR,
+            },
             Some(other) => {
                 self.problem(
                     &format!("{key}.balance"),
-                    format!("`{other}` is not least_requests or round_robin"),
+                    format!("`{other}` is not least_requests, round_robin or prefix_affinity"),
                 );
                 Balance::LeastRequests
+            }
+        };
+        let balance = match (balance, s.affinity_load_factor) {
+            (_, None) => balance,
+            (Balance::PrefixAffinity { .. }, Some(f)) if f > 1.0 && f <= 1000.0 => {
+                Balance::PrefixAffinity { load_factor: f }
+            }
+            (Balance::PrefixAffinity { .. }, Some(_)) => {
+                self.problem(
+                    &format!("{key}.affinity_load_factor"),
+                    "must be greater than 1.0 (and at most 1000)",
+                );
+                balance
+            }
+            (_, Some(_)) => {
+                self.problem(
+                    &format!("{key}.affinity_load_factor"),
+                    "only applies with balance = \"prefix_affinity\"",
+                );
+                balance
             }
         };
         let health_check = s.health_check.as_ref().map(|h| {

@@ -440,3 +440,41 @@ fn bodies_read_whole_are_bounded_by_default_and_their_bounds_checked() {
         "{p}"
     );
 }
+
+#[test]
+fn prefix_affinity_takes_a_load_factor_over_one() {
+    let balance = |lines: &str| {
+        parse(&format!("{MINIMAL}{lines}")).unwrap().services[0]
+            .balancing
+            .balance
+    };
+    assert_eq!(
+        balance("balance = \"prefix_affinity\"\n"),
+        Balance::PrefixAffinity { load_factor: 1.25 }
+    );
+    assert_eq!(
+        balance("balance = \"prefix_affinity\"\naffinity_load_factor = 2.0\n"),
+        Balance::PrefixAffinity { load_factor: 2.0 }
+    );
+    for bad in ["1.0", "0.5", "-3.0", "nan"] {
+        let p = problems(&format!(
+            "{MINIMAL}balance = \"prefix_affinity\"\naffinity_load_factor = {bad}\n"
+        ));
+        assert!(
+            p.contains("test.toml: services.infer.affinity_load_factor: must be greater than 1.0"),
+            "{bad}: {p}"
+        );
+    }
+    let p = problems(&format!("{MINIMAL}affinity_load_factor = 1.5\n"));
+    assert!(
+        p.contains(
+            "services.infer.affinity_load_factor: only applies with balance = \"prefix_affinity\""
+        ),
+        "{p}"
+    );
+    let p = problems(&format!("{MINIMAL}balance = \"sticky\"\n"));
+    assert!(
+        p.contains("is not least_requests, round_robin or prefix_affinity"),
+        "{p}"
+    );
+}

@@ -257,6 +257,7 @@ pub fn access_log_json(data: &[u8]) {
             usage_estimated: false,
             owner: Some(&id),
             replica: Some(&id),
+            affinity: Some("hit"),
         }),
         key_event: None,
     };

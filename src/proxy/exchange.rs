@@ -39,6 +39,7 @@ use crate::access_log;
 use crate::config::BufferLimits;
 use crate::errors::GatewayError;
 use crate::model_policy::{self, BodyError, Edit, Endpoint, Models};
+use crate::replicas::prefix;
 use crate::usage::Dialect;
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT` in pingora-core): a body read ahead is only
@@ -78,6 +79,9 @@ pub struct Exchange {
     /// What the budgets need once the body is checked: its size, and the completion tokens
     /// it may use as it states them.
     pub ask: Option<(u64, Option<u64>)>,
+    /// With `balance = "prefix_affinity"`: the hash of the conversation's start
+    /// (`replicas::prefix`), from a body read ahead or the first bytes of a held one.
+    pub affinity_key: Option<u64>,
     /// The memory of a body read ahead: Pingora keeps the client's bytes in its retry buffer
     /// until the request ends, so this is held as long.
     reserved: Option<Reservation>,
@@ -108,11 +112,13 @@ pub enum Next {
 
 impl Exchange {
     /// Reads the body ahead when it is small enough to be replayed, else arranges to hold it.
+    /// `keyed`: the service balances by affinity, so a chat or completions body gives its key.
     pub async fn begin(
         session: &mut Session,
         endpoint: Endpoint,
         models: &Models,
         bounds: &Buffering,
+        keyed: bool,
     ) -> Result<(Exchange, Next)> {
         let mut exchange = Exchange {
             endpoint,
@@ -121,9 +127,13 @@ impl Exchange {
             error: None,
             metered: Metered::default(),
             ask: None,
+            affinity_key: None,
             reserved: None,
         };
         let refuse = |exchange, e| Ok((exchange, Next::Refuse(e)));
+        // Embeddings and token counts have no conversation to keep together: least_requests
+        // places them. Chat, completions, Responses and Messages do.
+        let keyed = keyed && endpoint.generates();
         let declared = declared_length(session.req_header());
         if declared.is_some_and(|len| len > bounds.max_body) {
             return refuse(exchange, GatewayError::PayloadTooLarge);
@@ -137,8 +147,20 @@ impl Exchange {
             let max = bounds.max_body as usize;
             return match Held::new(&bounds.budget, declared, max, max_growth(endpoint, models)) {
                 Ok(held) => {
-                    deadline.limit_next_read(session)?;
                     exchange.body = Body::Held(held, deadline);
+                    if keyed {
+                        match exchange.read_start(session, deadline, bounds).await {
+                            Ok(()) => {}
+                            Err(e) if *e.etype() == ErrorType::ReadTimedout => {
+                                return refuse(exchange, GatewayError::RequestTimeout)
+                            }
+                            Err(e) => return Err(e),
+                        }
+                        if exchange.reserved.is_none() {
+                            return refuse(exchange, GatewayError::Overloaded);
+                        }
+                    }
+                    deadline.limit_next_read(session)?;
                     Ok((exchange, Next::Proxy))
                 }
                 Err(e) => refuse(exchange, e),
@@ -165,6 +187,10 @@ impl Exchange {
             Err(e) => return Err(e),
         };
         let next = exchange.apply(&body, models);
+        if keyed && matches!(next, Next::Proxy) {
+            // The client's bytes, before the policy's edit: what every turn sends alike.
+            exchange.affinity_key = prefix::body_key(&body);
+        }
         let kept = match &exchange.body {
             Body::Replaced(changed) => len + changed.len() as u64,
             _ => len,
@@ -173,6 +199,47 @@ impl Exchange {
             reserved.shrink_to(kept);
         }
         Ok((exchange, next))
+    }
+
+    /// A held body's affinity key, before the replica is chosen: its first bytes (as many as
+    /// `prefix::body_key` may look at) are read now, into Pingora's retry buffer, which
+    /// replays them through `request_body_filter` into the held body like any chunk. Reads
+    /// start at 4 KiB and double only when filled, so stopping at 32 KiB stays within the
+    /// buffer's 64 KiB. `reserved` stays unset when the budget cannot cover that buffer.
+    async fn read_start(
+        &mut self,
+        session: &mut Session,
+        deadline: Deadline,
+        bounds: &Buffering,
+    ) -> Result<()> {
+        let Some(reserved) = bounds.budget.reserve(READ_AHEAD_MAX) else {
+            return Ok(());
+        };
+        self.reserved = Some(reserved);
+        if expects_continue(session.req_header()) {
+            session.write_continue_response().await?;
+        }
+        session.enable_retry_buffering();
+        let want = 2 * prefix::WINDOW;
+        deadline.limit_next_read(session)?;
+        let mut start = session.read_request_body().await?.unwrap_or_default();
+        if start.len() < want {
+            let mut more = BytesMut::from(&start[..]);
+            while more.len() < want {
+                deadline.limit_next_read(session)?;
+                match session.read_request_body().await? {
+                    Some(chunk) => more.extend_from_slice(&chunk),
+                    None => break,
+                }
+            }
+            start = more.freeze();
+        }
+        if session.as_ref().retry_buffer_truncated() {
+            // Pingora would send no body at all: refuse rather than forward an empty one.
+            return Error::e_explain(ErrorType::HTTPStatus(503), "retry buffer overflowed");
+        }
+        self.affinity_key = prefix::body_key(&start);
+        Ok(())
     }
 
     /// Applies the policy to a body read ahead: a changed body is a new copy.

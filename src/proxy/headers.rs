@@ -27,6 +27,8 @@ pub fn within_limits(req: &RequestHeader) -> bool {
 /// `X-Request-Id`, parsed once: a name given as a string is parsed again on every use. Statics,
 /// not consts: a const array of names would be built and dropped at every use.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// `X-Session-Id`: the affinity key of a `prefix_affinity` service when sent.
+pub static X_SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Never forwarded upstream. The client's credentials, then claims about the client's

@@ -187,9 +187,15 @@ impl ProxyHttp for Gateway {
                 ctx.forward_from = forward_from;
                 if let (Some(endpoint), Some(models)) = (endpoint, self.models(ctx.route)) {
                     // Validate the body and apply the model policy before any upstream is chosen.
-                    let (exchange, next) =
-                        exchange::Exchange::begin(session, endpoint, models, &self.buffering)
-                            .await?;
+                    let keyed = self.route(ctx).is_some_and(|r| r.replicas.keyed());
+                    let (exchange, next) = exchange::Exchange::begin(
+                        session,
+                        endpoint,
+                        models,
+                        &self.buffering,
+                        keyed,
+                    )
+                    .await?;
                     ctx.exchange = Some(Box::new(exchange));
                     if let exchange::Next::Refuse(e) = next {
                         return local::reject(session, ctx, e).await;
@@ -235,17 +241,14 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_peer(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
         let replicas = &self
             .route(ctx)
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?
             .replicas;
-        let chosen = match (ctx.reached_replica, &ctx.replica) {
-            (true, Some(same)) => replicas.again(same.index),
-            _ => replicas.choose(ctx.tried),
-        };
+        let chosen = route::choose(replicas, session.req_header(), ctx);
         let Some((chosen, peer)) = chosen else {
             return Error::e_explain(ErrorType::ConnectNoRoute, "every replica was tried");
         };
@@ -479,6 +482,10 @@ impl ProxyHttp for Gateway {
             ctx.upstream_ttfb,
             ctx.auth_failure,
         );
+        let affinity = ctx.replica.as_ref().and_then(|c| c.affinity);
+        if let (Some(route), Some(result)) = (self.route(ctx), affinity) {
+            route.replicas.count_affinity(result);
+        }
         if self.access_log.enabled() {
             let replica = (self.route(ctx))
                 .zip(ctx.replica.as_ref())

@@ -50,6 +50,11 @@ pub fn access_line(
             usage_estimated: charged.is_some_and(|c| c.estimated),
             owner: ctx.principal.as_ref().and_then(|p| p.owner.as_deref()),
             replica,
+            affinity: ctx
+                .replica
+                .as_ref()
+                .and_then(|c| c.affinity)
+                .map(|a| a.as_str()),
         }),
         key_event: None,
     }

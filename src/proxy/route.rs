@@ -3,12 +3,15 @@
 
 use std::sync::Arc;
 
-use super::{Gateway, RequestCtx};
+use pingora::http::RequestHeader;
+use pingora::upstreams::peer::HttpPeer;
+
+use super::{exchange, headers, Gateway, RequestCtx};
 use crate::config::{Config, ServiceConfig};
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::model_policy::Models;
 use crate::rate_limit::{Backend, Limit};
-use crate::replicas::Replicas;
+use crate::replicas::{prefix, Chosen, Replicas};
 
 pub struct Route {
     pub settings: ServiceConfig,
@@ -84,5 +87,37 @@ impl Gateway {
     /// A bounded metric label: a registered service, `_local` or `_unknown`.
     pub(super) fn service_label(&self, ctx: &RequestCtx) -> &str {
         self.service_metrics(ctx).service()
+    }
+}
+
+/// The replica of the request's next attempt: the same one again once the request may have
+/// reached it (never replayed elsewhere), else a choice, by affinity key on a
+/// `prefix_affinity` service.
+pub(super) fn choose(
+    replicas: &Arc<Replicas>,
+    req: &RequestHeader,
+    ctx: &RequestCtx,
+) -> Option<(Chosen, HttpPeer)> {
+    match (ctx.reached_replica, &ctx.replica) {
+        (true, Some(same)) => {
+            let affinity = same.affinity;
+            replicas.again(same.index).map(|(mut c, peer)| {
+                c.affinity = affinity;
+                (c, peer)
+            })
+        }
+        _ if replicas.keyed() => {
+            let key = affinity_key(req, ctx.exchange.as_deref());
+            replicas.choose_for(ctx.tried, key)
+        }
+        _ => replicas.choose(ctx.tried),
+    }
+}
+
+/// A request's affinity key: its `X-Session-Id`, else the start of a body already read.
+fn affinity_key(req: &RequestHeader, exchange: Option<&exchange::Exchange>) -> Option<u64> {
+    match req.headers.get(&headers::X_SESSION_ID) {
+        Some(id) if !id.is_empty() => Some(prefix::session_key(id.as_bytes())),
+        _ => exchange.and_then(|x| x.affinity_key),
     }
 }

@@ -1,12 +1,15 @@
-//! A service's replicas at run time: which one a request goes to (`least_requests` or
-//! `round_robin`), which are in rotation (active health checks, passive ejection after connect
-//! failures), and their current addresses (re-resolved off the request path, `dns.rs`).
+//! A service's replicas at run time: which one a request goes to (`least_requests`,
+//! `round_robin` or `prefix_affinity`, `affinity.rs`), which are in rotation (active health
+//! checks, passive ejection after connect failures), and their current addresses (re-resolved
+//! off the request path, `dns.rs`).
 //!
 //! The request path only reads atomics and one `ArcSwap` per replica: no lock, no await, no
 //! allocation beyond the peer clone every proxied request already paid for.
 
+mod affinity;
 mod dns;
 mod health;
+pub mod prefix;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,6 +23,7 @@ use prometheus::{IntCounter, IntGauge};
 use crate::config::{Balance, Balancing, ServiceConfig, Upstream};
 use crate::metrics::Metrics;
 
+pub use affinity::Affinity;
 pub use dns::{DnsRefresh, MakePeer, UpstreamResolver};
 pub use health::HealthChecks;
 
@@ -27,6 +31,8 @@ pub struct Replicas {
     pub service: Box<str>,
     balance: Balance,
     members: Box<[Replica]>,
+    /// With `prefix_affinity`: the ring and the `portcullis_affinity_total` counters.
+    affinity: Option<(affinity::Ring, affinity::Counters)>,
     /// Where the next rotation (round robin, or the tie-break of least_requests) starts.
     turn: AtomicUsize,
     eject_after: u32,
@@ -58,6 +64,8 @@ pub struct Replica {
 /// one replica counts nothing: there is nothing to balance.
 pub struct Chosen {
     pub index: usize,
+    /// On a `prefix_affinity` service, what the choice made of the request's key.
+    pub affinity: Option<Affinity>,
     counted: Option<Arc<Replicas>>,
 }
 
@@ -68,6 +76,11 @@ impl Drop for Chosen {
 }
 
 impl Chosen {
+    fn with(mut self, affinity: Option<Affinity>) -> Chosen {
+        self.affinity = affinity;
+        self
+    }
+
     /// No longer in flight on the replica; which replica it was is still known.
     pub fn release(&mut self) {
         if let Some(replicas) = self.counted.take() {
@@ -109,11 +122,16 @@ impl Replicas {
                     connect_failures_total: failures,
                 }
             })
-            .collect();
+            .collect::<Box<[Replica]>>();
+        let affinity = matches!(b.balance, Balance::PrefixAffinity { .. }).then(|| {
+            let ring = affinity::Ring::new(members.iter().map(|r| &*r.label));
+            (ring, affinity::Counters::new(metrics, &service.name))
+        });
         Replicas {
             service: service.name.as_str().into(),
             balance: b.balance,
             members,
+            affinity,
             turn: AtomicUsize::new(0),
             eject_after: b.eject_after,
             eject_for: b.eject_for,
@@ -142,20 +160,60 @@ impl Replicas {
             && r.ejected_until_ms.load(Ordering::Relaxed) <= now_ms
     }
 
+    /// Whether requests should bring an affinity key (`prefix_affinity`): else none is made.
+    pub fn keyed(&self) -> bool {
+        self.affinity.is_some()
+    }
+
+    /// Counts a finished request's affinity result.
+    pub fn count_affinity(&self, result: Affinity) {
+        if let Some((_, counters)) = &self.affinity {
+            counters.count(result);
+        }
+    }
+
+    /// `choose` without an affinity key.
+    pub fn choose(self: &Arc<Self>, tried: u64) -> Option<(Chosen, HttpPeer)> {
+        self.choose_for(tried, None)
+    }
+
     /// The replica for a request that already tried those in `tried` (bit i = replica i), and
     /// the peer to connect to. Replicas in rotation first; with none left, any untried one
-    /// (better a likely 502 than a certain one). `None` when every replica was tried.
-    pub fn choose(self: &Arc<Self>, tried: u64) -> Option<(Chosen, HttpPeer)> {
+    /// (better a likely 502 than a certain one). `None` when every replica was tried. `key`:
+    /// the request's affinity key, on a `prefix_affinity` service.
+    pub fn choose_for(
+        self: &Arc<Self>,
+        tried: u64,
+        key: Option<u64>,
+    ) -> Option<(Chosen, HttpPeer)> {
         let n = self.members.len();
         // Every replica has an address: start-up resolves each or fails, and a refresh only
         // ever swaps in a non-empty set.
         let untried = |i: usize| tried & (1 << i) == 0;
+        let result = self.affinity.as_ref().map(|_| match key {
+            Some(_) => Affinity::Hit,
+            None => Affinity::NoKey,
+        });
         if n == 1 {
             // One replica: nothing to choose, and nothing to pay for choosing.
-            return if tried & 1 == 0 { self.again(0) } else { None };
+            let chosen = if tried & 1 == 0 { self.again(0) } else { None };
+            return chosen.map(|(c, peer)| (c.with(result), peer));
         }
+        let now = self.now_ms();
+        if let (Some((ring, _)), Some(key), Balance::PrefixAffinity { load_factor }) =
+            (&self.affinity, key, self.balance)
+        {
+            if let Some((index, result)) = self.affine(ring, key, load_factor, tried, now) {
+                return self
+                    .again(index)
+                    .map(|(c, peer)| (c.with(Some(result)), peer));
+            }
+        }
+        let spilled = result.map(|r| match r {
+            Affinity::Hit => Affinity::Spill,
+            other => other,
+        });
         let index = {
-            let now = self.now_ms();
             let start = self.turn.fetch_add(1, Ordering::Relaxed);
             let pick = |usable: &dyn Fn(usize) -> bool| -> Option<usize> {
                 let mut best: Option<(usize, usize)> = None;
@@ -166,7 +224,7 @@ impl Replicas {
                     }
                     match self.balance {
                         Balance::RoundRobin => return Some(i),
-                        Balance::LeastRequests => {
+                        Balance::LeastRequests | Balance::PrefixAffinity { .. } => {
                             let load = self.members[i].in_flight.load(Ordering::Relaxed);
                             if best.is_none_or(|(_, b)| load < b) {
                                 best = Some((i, load));
@@ -179,7 +237,39 @@ impl Replicas {
             pick(&|i| untried(i) && self.in_rotation(&self.members[i], now))
                 .or_else(|| pick(&untried))?
         };
-        self.again(index)
+        self.again(index).map(|(c, peer)| (c.with(spilled), peer))
+    }
+
+    /// The first replica on the ring from `key` that is untried, in rotation and under the
+    /// load bound: a hit if it is the key's own, else a spill. `None` when none is under it
+    /// (the least loaded then takes the request, a spill).
+    fn affine(
+        &self,
+        ring: &affinity::Ring,
+        key: u64,
+        load_factor: f64,
+        tried: u64,
+        now: u64,
+    ) -> Option<(usize, Affinity)> {
+        let (mut total, mut rotation) = (0, 0);
+        for r in self.members.iter() {
+            total += r.in_flight.load(Ordering::Relaxed);
+            rotation += self.in_rotation(r, now) as usize;
+        }
+        let bound = affinity::bound(load_factor, total, rotation);
+        for (k, i) in ring.walk(key).enumerate() {
+            let r = &self.members[i];
+            let usable = tried & (1 << i) == 0 && self.in_rotation(r, now);
+            if usable && r.in_flight.load(Ordering::Relaxed) < bound {
+                let result = if k == 0 {
+                    Affinity::Hit
+                } else {
+                    Affinity::Spill
+                };
+                return Some((i, result));
+            }
+        }
+        None
     }
 
     /// Replica `index` again, for a retry that must stay with it.
@@ -195,7 +285,15 @@ impl Replicas {
             replica.in_flight.fetch_add(1, Ordering::Relaxed);
             self.clone()
         });
-        Some((Chosen { index, counted }, peer))
+        let affinity = None;
+        Some((
+            Chosen {
+                index,
+                affinity,
+                counted,
+            },
+            peer,
+        ))
     }
 
     /// The configured `host:port` of replica `index`.

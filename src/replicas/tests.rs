@@ -125,3 +125,43 @@ fn in_flight_counts_end_with_the_request() {
         0
     );
 }
+
+#[test]
+fn prefix_affinity_keeps_a_key_on_its_replica_until_the_bound_then_spills_along_the_ring() {
+    use super::Affinity::{Hit, NoKey, Spill};
+    let r = replicas("balance = \"prefix_affinity\"", 3);
+    let key = 0x1234_5678_9abc_def0;
+    let (first, _) = r.choose_for(0, Some(key)).unwrap();
+    let owner = first.index;
+    assert_eq!(first.affinity, Some(Hit));
+    drop(first);
+    for _ in 0..10 {
+        let (c, _) = r.choose_for(0, Some(key)).unwrap();
+        assert_eq!(
+            (c.index, c.affinity),
+            (owner, Some(Hit)),
+            "idle: never spills"
+        );
+    }
+    // Held in flight on its replica: 1 (bound ⌈1.25 × 2 / 3⌉ = 1 for the second) → spills
+    // to the next replica on the ring, and always the same one.
+    let (held, _) = r.choose_for(0, Some(key)).unwrap();
+    let (spilled, _) = r.choose_for(0, Some(key)).unwrap();
+    assert_eq!(spilled.affinity, Some(Spill));
+    assert_ne!(spilled.index, owner);
+    let next = spilled.index;
+    drop((held, spilled));
+    // Out of rotation: its keys go to the next on the ring, and only there.
+    r.checked(owner, false, "503");
+    for _ in 0..5 {
+        let (c, _) = r.choose_for(0, Some(key)).unwrap();
+        assert_eq!((c.index, c.affinity), (next, Some(Spill)));
+    }
+    r.checked(owner, true, "");
+    assert_eq!(r.choose_for(0, Some(key)).unwrap().0.index, owner);
+    // A connect failover: the tried owner is skipped.
+    assert_eq!(r.choose_for(1 << owner, Some(key)).unwrap().0.index, next);
+    // No key: least_requests, counted as none.
+    assert_eq!(r.choose_for(0, None).unwrap().0.affinity, Some(NoKey));
+    assert_eq!(replicas("", 3).choose(0).unwrap().0.affinity, None);
+}

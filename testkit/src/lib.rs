@@ -25,4 +25,4 @@ pub use gateway::{
 };
 pub use http::{client, header, header_pairs, raw, read_response, try_raw, RawResponse};
 pub use net::{connect_from, free_port, free_port_on, Blackhole};
-pub use upstream::{Coding, Hit, HitLog, StreamLog, Upstream, Usage};
+pub use upstream::{Coding, Hit, HitLog, SimSettings, StreamLog, Upstream, Usage, SIM_BLOCK};

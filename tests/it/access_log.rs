@@ -92,6 +92,7 @@ fn the_access_log_has_a_line_per_request_and_no_secret() {
     assert_eq!(
         keys,
         [
+            "affinity",
             "auth_failure",
             "bytes_in",
             "bytes_out",

@@ -4,6 +4,7 @@
 
 mod access_log;
 mod admin_api;
+mod affinity;
 mod agent_apis;
 mod agent_streams;
 mod auth;

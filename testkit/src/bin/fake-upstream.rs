@@ -7,7 +7,6 @@
 //! then serves until SIGTERM or SIGINT, and exits 0. `--name` comes back in every answer's
 //! `X-Demo-Upstream` header; `--verbose` writes a line per request to stderr.
 
-use std::io::Write;
 use std::net::{TcpListener, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -99,29 +98,10 @@ fn main() -> ExitCode {
         }
     }
     let delay = Duration::from_millis(args.token_delay_ms.max(0) as u64);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    // The handlers are in place before LISTENING, so a stop right after it still exits 0.
-    let (mut term, mut int) = rt.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        (
-            signal(SignalKind::terminate()).unwrap(),
-            signal(SignalKind::interrupt()).unwrap(),
-        )
+    testkit::upstream::serve_until_signal(addr, || {
+        let upstream = Upstream::model(&args.name, addr, delay);
+        upstream.set_verbose(args.verbose);
+        upstream
     });
-    let upstream = Upstream::model(&args.name, addr, delay);
-    upstream.set_verbose(args.verbose);
-    let mut out = std::io::stdout();
-    let _ = writeln!(out, "LISTENING {}", addr.port());
-    let _ = out.flush();
-    rt.block_on(async {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    });
-    drop(upstream);
     ExitCode::SUCCESS
 }

@@ -8,13 +8,15 @@
 //! are the constants below, the bodies it sends `json_body`, `sse_body` and `embeddings_body`,
 //! in the content coding negotiated or forced (`Coding`); the agent APIs (OpenAI Responses,
 //! Anthropic Messages) likewise, in `agents.rs`.
-//! In model mode (`Upstream::model`) it answers as the demo model of `model.rs` instead.
+//! In model mode (`Upstream::model`) it answers as the demo model of `model.rs` instead, in
+//! sim mode (`Upstream::sim`) as a model server with a prefix cache (`sim.rs`).
 
 mod agents;
 mod coding;
 mod model;
 mod openai;
 mod serve;
+mod sim;
 mod wire;
 
 #[cfg(test)]
@@ -32,6 +34,7 @@ pub use openai::{
     embeddings_body, json_body, sse_body, Endpoint, Usage, CHAT_JSON_USAGE, CHAT_SSE_USAGE,
     COMPLETIONS_JSON_USAGE, COMPLETIONS_SSE_USAGE, CREATED, EMBEDDINGS_USAGE,
 };
+pub use sim::{SimSettings, BLOCK as SIM_BLOCK};
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -172,6 +175,8 @@ struct State {
     cut_in_flight: AtomicUsize,
     /// Set in model mode: every request but `/health` is answered by `model.rs`.
     model: OnceLock<model::Model>,
+    /// Set in sim mode: every request but `/health` is answered by `sim.rs`.
+    sim: OnceLock<sim::Sim>,
 }
 
 impl State {
@@ -237,6 +242,7 @@ impl Upstream {
             conns: AtomicUsize::new(0),
             cut_in_flight: AtomicUsize::new(0),
             model: OnceLock::new(),
+            sim: OnceLock::new(),
         });
         // Its own runtime on its own threads: independent of the test's runtime and unaffected
         // by a test blocking its thread.
@@ -269,6 +275,15 @@ impl Upstream {
     pub fn model(name: &str, addr: SocketAddr, token_delay: Duration) -> Upstream {
         let u = Upstream::stopped(name, addr, &HitLog::new());
         let _ = u.state.model.set(model::Model::new(token_delay));
+        u.restart();
+        u
+    }
+
+    /// A simulated model server with a prefix cache on `addr` (see `sim.rs`): what the
+    /// affinity tests and the routing benchmark measure cache hits and time to first token on.
+    pub fn sim(name: &str, addr: SocketAddr, settings: SimSettings) -> Upstream {
+        let u = Upstream::stopped(name, addr, &HitLog::new());
+        let _ = u.state.sim.set(sim::Sim::new(settings));
         u.restart();
         u
     }
@@ -392,6 +407,35 @@ impl Upstream {
         }
         self.state.cut_in_flight.load(Ordering::SeqCst)
     }
+}
+
+/// An upstream as a program (the `fake-upstream` and `sim-replica` binaries): `start` makes it
+/// on `addr`, then `LISTENING <port>` is printed and it serves until SIGTERM or SIGINT.
+pub fn serve_until_signal(addr: SocketAddr, start: impl FnOnce() -> Upstream) {
+    use std::io::Write;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The handlers are in place before LISTENING, so a stop right after it still exits 0.
+    let (mut term, mut int) = rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::terminate()).unwrap(),
+            signal(SignalKind::interrupt()).unwrap(),
+        )
+    });
+    let upstream = start();
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "LISTENING {}", addr.port());
+    let _ = out.flush();
+    rt.block_on(async {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    });
+    drop(upstream);
 }
 
 impl Drop for Upstream {

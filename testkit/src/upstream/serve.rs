@@ -32,7 +32,8 @@
 //! asks for (gzip, deflate, br, zstd; identity when it is absent), or in
 //! `?force_encoding=NAME` whatever was asked (`coding.rs`).
 //!
-//! In model mode every request but `/health` goes to `model.rs` instead.
+//! In model mode every request but `/health` goes to `model.rs` instead; in sim mode, to
+//! `sim.rs`.
 //!
 //! With `set_reset_before_answer(true)` every request but `/health` is read in full, recorded,
 //! and answered by a TCP reset: the "accepted, then died" replica.
@@ -105,7 +106,7 @@ async fn serve(conn: &mut TcpStream, state: &State, busy: &AtomicBool) -> End {
             return End::Close;
         };
         // The demo model serves `make run` for hours: it keeps no record of what it answered.
-        if state.model.get().is_none() {
+        if state.model.get().is_none() && state.sim.get().is_none() {
             state.log.push(req.clone());
         }
         let path = req.decoded_path();
@@ -114,6 +115,8 @@ async fn serve(conn: &mut TcpStream, state: &State, busy: &AtomicBool) -> End {
             health(conn, state).await
         } else if state.reset.load(Ordering::Relaxed) {
             return End::Reset;
+        } else if let Some(sim) = state.sim.get() {
+            super::sim::answer(conn, &req, sim, &state.name).await
         } else if let Some(model) = state.model.get() {
             super::model::answer(conn, &req, state, model).await
         } else if path.ends_with("/sse") {
