@@ -45,3 +45,5 @@ pub use metrics::Metrics;
 pub use proxy::peer_for;
 pub use replicas::Replicas;
 pub use routing::{classify as classify_path, Target};
+pub use model_policy::{plan as plan_body, Api, Endpoint, Models};
+pub use usage::{Dialect, Encoding, Framing, UsageScanner};
