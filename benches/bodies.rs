@@ -31,7 +31,10 @@ fn schema(names: &[&str]) -> Value {
         .iter()
         .map(|name| {
             let about = format!("The {name} to act on, relative to the workspace root.");
-            (name.to_string(), json!({"type": "string", "description": about}))
+            (
+                name.to_string(),
+                json!({"type": "string", "description": about}),
+            )
         })
         .collect();
     json!({"type": "object", "properties": properties, "required": names,
@@ -172,7 +175,11 @@ fn validating(c: &mut Criterion) {
 
 /// An event stream of `event` lines and `data` events, grown to `SIZE` with content deltas
 /// between its opening and closing events.
-fn stream(open: &[(&str, Value)], delta: impl Fn(usize) -> (String, Value), close: &[(&str, Value)]) -> Vec<u8> {
+fn stream(
+    open: &[(&str, Value)],
+    delta: impl Fn(usize) -> (String, Value),
+    close: &[(&str, Value)],
+) -> Vec<u8> {
     let mut out = String::new();
     let event = |out: &mut String, name: &str, data: &Value| {
         if !name.is_empty() {
@@ -207,39 +214,63 @@ fn responses_stream() -> Vec<u8> {
                "output": [], "usage": usage})
     };
     stream(
-        &[("response.created", json!({"type": "response.created", "sequence_number": 0,
-              "response": response("in_progress", Value::Null)}))],
+        &[(
+            "response.created",
+            json!({"type": "response.created", "sequence_number": 0,
+              "response": response("in_progress", Value::Null)}),
+        )],
         |i| {
-            ("response.output_text.delta".into(), json!({"type": "response.output_text.delta",
+            (
+                "response.output_text.delta".into(),
+                json!({"type": "response.output_text.delta",
               "sequence_number": i + 1, "item_id": "msg_1", "output_index": 0,
-              "content_index": 0, "delta": word(i), "logprobs": []}))
+              "content_index": 0, "delta": word(i), "logprobs": []}),
+            )
         },
-        &[("response.completed", json!({"type": "response.completed", "sequence_number": 0,
+        &[(
+            "response.completed",
+            json!({"type": "response.completed", "sequence_number": 0,
               "response": response("completed", json!({"input_tokens": 36000,
                 "input_tokens_details": {"cached_tokens": 8000}, "output_tokens": 4000,
-                "output_tokens_details": {"reasoning_tokens": 500}, "total_tokens": 40000}))}))],
+                "output_tokens_details": {"reasoning_tokens": 500}, "total_tokens": 40000}))}),
+        )],
     )
 }
 
 fn messages_stream() -> Vec<u8> {
     stream(
         &[
-            ("message_start", json!({"type": "message_start", "message": {"id": "msg_1",
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_1",
               "type": "message", "role": "assistant", "content": [], "model": "claude-sonnet-4-5",
               "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 25,
               "cache_creation_input_tokens": 1000, "cache_read_input_tokens": 35000,
-              "output_tokens": 1}}})),
-            ("content_block_start", json!({"type": "content_block_start", "index": 0,
-              "content_block": {"type": "text", "text": ""}})),
+              "output_tokens": 1}}}),
+            ),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+              "content_block": {"type": "text", "text": ""}}),
+            ),
         ],
         |i| {
-            ("content_block_delta".into(), json!({"type": "content_block_delta", "index": 0,
-              "delta": {"type": "text_delta", "text": word(i)}}))
+            (
+                "content_block_delta".into(),
+                json!({"type": "content_block_delta", "index": 0,
+              "delta": {"type": "text_delta", "text": word(i)}}),
+            )
         },
         &[
-            ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-            ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason":
-              "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 4000}})),
+            (
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0}),
+            ),
+            (
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason":
+              "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 4000}}),
+            ),
             ("message_stop", json!({"type": "message_stop"})),
         ],
     )
@@ -255,11 +286,23 @@ fn chat_stream() -> Vec<u8> {
     let mut out = stream(
         &[],
         |i| {
-            (String::new(), chunk(json!([{"index": 0, "delta": {"content": word(i)},
-              "logprobs": null, "finish_reason": null}]), Value::Null))
+            (
+                String::new(),
+                chunk(
+                    json!([{"index": 0, "delta": {"content": word(i)},
+              "logprobs": null, "finish_reason": null}]),
+                    Value::Null,
+                ),
+            )
         },
-        &[("", chunk(json!([]), json!({"prompt_tokens": 36000, "completion_tokens": 4000,
-              "total_tokens": 40000, "prompt_tokens_details": {"cached_tokens": 8000}})))],
+        &[(
+            "",
+            chunk(
+                json!([]),
+                json!({"prompt_tokens": 36000, "completion_tokens": 4000,
+              "total_tokens": 40000, "prompt_tokens_details": {"cached_tokens": 8000}}),
+            ),
+        )],
     );
     out.extend_from_slice(b"data: [DONE]\n\n");
     out

@@ -2,8 +2,8 @@
 
 use std::io::Write;
 
-use flate2::write::{DeflateEncoder, GzEncoder, ZlibEncoder};
 use bytes::Bytes;
+use flate2::write::{DeflateEncoder, GzEncoder, ZlibEncoder};
 
 use crate::usage::strip::UsageStripper;
 use crate::usage::{Dialect, Encoding, Framing, Usage, UsageScanner};

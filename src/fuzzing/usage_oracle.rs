@@ -85,9 +85,8 @@ impl Oracle {
         let usage = usage_object(&serde_json::from_str(raw).ok()?);
         let merge = self.dialect == Dialect::Anthropic;
         let reading = &mut self.reading;
-        reading.opening_only = merge
-            && from_container
-            && (reading.usage.is_none() || reading.opening_only);
+        reading.opening_only =
+            merge && from_container && (reading.usage.is_none() || reading.opening_only);
         reading.usage = Some(match (merge, reading.usage) {
             (true, Some(old)) => Usage {
                 prompt_tokens: usage.prompt_tokens.or(old.prompt_tokens),
