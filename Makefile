@@ -47,7 +47,7 @@ test: test-deps
 	scripts/vendor.sh --test
 	$(CARGO) test --features fuzzing --lib --bins --tests -- --test-threads=4
 	SOAK_MINUTES=3 $(CARGO) test --features fuzzing --test it soak -- --ignored --nocapture
-	$(CARGO) test --bench auth --bench replicas
+	$(CARGO) test --bench auth --bench replicas --bench bodies
 	scripts/fuzz.sh smoke
 	scripts/sdk-tests.sh
 	scripts/admin-api-tests.sh
@@ -68,13 +68,15 @@ fuzz: deps
 
 # Criterion micro-benchmarks of authentication (API keys on SQLite and on a throwaway
 # PostgreSQL server, hence test-deps) and of the usage ledger's report query (100 keys × 90
-# days of hourly rows, on both stores), then the load benchmark on loopback against the upstream
+# days of hourly rows, on both stores) and of reading 200 KB agent bodies and streams (model
+# policy validation, usage scanner), then the load benchmark on loopback against the upstream
 # direct, nginx and the bare-Pingora floor, and instructions per request under callgrind
 # (benches/load/run.py installs wrk, nginx, redis-server and valgrind when missing).
 bench: test-deps
 	$(CARGO) bench --bench auth
 	$(CARGO) bench --bench replicas
 	$(CARGO) bench --bench ledger
+	$(CARGO) bench --bench bodies
 	python3 benches/load/run.py
 
 fmt:

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-run}; shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(path_classifier bearer_token api_key jwt_precheck config_loader access_log_json
-  model_body responses_body messages_body usage_scanner)
+  model_body responses_body messages_body usage_scanner responses_usage messages_usage)
 
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
   echo "installing cargo-fuzz (crates.io)"

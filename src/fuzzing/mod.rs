@@ -4,13 +4,16 @@
 //! Each check takes arbitrary bytes and must never panic for a reason other than a broken
 //! invariant.
 
+mod agent_usage;
 mod model_body;
 mod requests;
 mod usage;
+mod usage_oracle;
 
 #[cfg(test)]
 pub(crate) use usage::usage_in_chunks;
 
+pub use agent_usage::{messages_usage, responses_usage};
 pub use model_body::{messages_body, model_body, responses_body};
 pub use requests::{
     access_log_json, api_key, bearer_token, config_loader, jwt_precheck, path_classifier,
@@ -21,7 +24,7 @@ pub use usage::usage_scanner;
 pub type Check = fn(&[u8]);
 
 /// Every fuzz target by name, for the corpus replay.
-pub const TARGETS: [(&str, Check); 10] = [
+pub const TARGETS: [(&str, Check); 12] = [
     ("path_classifier", path_classifier),
     ("bearer_token", bearer_token),
     ("api_key", api_key),
@@ -32,4 +35,6 @@ pub const TARGETS: [(&str, Check); 10] = [
     ("responses_body", responses_body),
     ("messages_body", messages_body),
     ("usage_scanner", usage_scanner),
+    ("responses_usage", responses_usage),
+    ("messages_usage", messages_usage),
 ];

@@ -136,3 +136,12 @@ fn an_invalid_input_count_is_not_made_up_from_the_cache_counts() {
     let (usage, _) = scan(Dialect::Anthropic, Framing::Json, body);
     assert_eq!(usage.and_then(|u| u.prompt_tokens), None);
 }
+
+#[test]
+fn two_usages_in_one_message_merge_however_the_stream_is_split() {
+    // Read whole, the container's second usage used to replace its first before the merge;
+    // split between them, the two merged: the charge depended on the network's chunking.
+    let body = r#"{"message":{"usage":{"input_tokens":1},"usage":{"output_tokens":2}},"usage":{"cache_read_input_tokens":3}}"#;
+    let usage = scan_split_everywhere(Dialect::Anthropic, Framing::Json, body);
+    assert_eq!(usage, Some(counts(1, 2, None, Some(3))));
+}

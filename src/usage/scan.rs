@@ -214,6 +214,9 @@ impl JsonScan {
                         .get_or_insert_with(|| Box::new(JsonScan::new(Dialect::OpenAi)));
                     inner.reset();
                     inner.usage = None;
+                    // Two usages in one container merge there as they would here: what is
+                    // read must not depend on whether they came in one chunk or two.
+                    inner.merge = self.merge;
                     inner.feed(b"{");
                     self.descending = true;
                 }
