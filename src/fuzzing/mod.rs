@@ -4,6 +4,7 @@
 //! Each check takes arbitrary bytes and must never panic for a reason other than a broken
 //! invariant.
 
+mod agent_bodies;
 mod agent_usage;
 mod model_body;
 mod requests;
