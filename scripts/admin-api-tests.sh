@@ -8,7 +8,8 @@
 # demo model (target/debug/fake-upstream; UPSTREAM= overrides), the provider and
 # target/debug/portcullis (BIN= overrides; both built when missing) with an [admin] listener,
 # checks its 401s against the data plane's and fuzzes it with schemathesis
-# (ADMIN_API_MAX_EXAMPLES cases per operation, default 100; ADMIN_API_SEED to replay a run).
+# (ADMIN_API_MAX_EXAMPLES cases per operation, default 100; a fixed seed unless ADMIN_API_SEED
+# names another or `random`, always printed).
 # Ends with the driver's `N passed, N failed` line; exits non-zero when any check failed.
 # `scripts/admin-api-tests.sh --doc-only` only validates the document (no binary needed).
 set -euo pipefail

@@ -12,6 +12,40 @@ pub fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
+/// The clock a component reads "now" from: the system's, or in tests one set by hand, so no
+/// test depends on today's date. Cloned handles of a fixed clock share its time.
+#[derive(Clone, Debug, Default)]
+pub struct Clock(Option<std::sync::Arc<std::sync::atomic::AtomicI64>>);
+
+impl Clock {
+    /// The system clock.
+    pub fn system() -> Clock {
+        Clock(None)
+    }
+
+    /// A clock standing at `secs` until `set` moves it.
+    #[cfg(test)]
+    pub fn fixed(secs: i64) -> Clock {
+        Clock(Some(std::sync::Arc::new(secs.into())))
+    }
+
+    /// Moves a fixed clock (the system clock ignores it).
+    #[cfg(test)]
+    pub fn set(&self, secs: i64) {
+        if let Some(t) = &self.0 {
+            t.store(secs, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Now, in unix seconds.
+    pub fn now(&self) -> i64 {
+        match &self.0 {
+            Some(t) => t.load(std::sync::atomic::Ordering::Relaxed),
+            None => unix_now(),
+        }
+    }
+}
+
 /// Now, in unix milliseconds: the stamp of a budget change.
 pub fn unix_now_ms() -> i64 {
     SystemTime::now()

@@ -26,7 +26,7 @@ use crate::auth::Principal;
 use crate::config::{BudgetSettings, Enforcement};
 use crate::metrics::Metrics;
 use crate::rate_limit::Backend;
-use crate::time::rfc3339;
+use crate::time::{rfc3339, Clock};
 use local::Local;
 use shared::{Counter, Reply, Shared};
 pub use sync::{BudgetSync, SyncState};
@@ -188,6 +188,8 @@ pub struct Budgets {
     local: Local,
     shared: Option<Shared>,
     store: Arc<dyn KeyStore>,
+    /// The windows' clock, for seeding as for requests: a test's stays on its fixed day.
+    clock: Clock,
     /// `portcullis_budget_rejections_total{service, window}`.
     rejections: IntCounterVec,
 }
@@ -221,8 +223,21 @@ impl Budgets {
             local: Local::default(),
             shared: redis.map(Shared::new),
             store,
+            clock: Clock::system(),
             rejections,
         }
+    }
+
+    /// The same budgets on another clock (tests).
+    #[cfg(test)]
+    pub fn with_clock(mut self, clock: Clock) -> Budgets {
+        self.clock = clock;
+        self
+    }
+
+    /// Now, on the budgets' clock: the time a request is reserved at.
+    pub fn now(&self) -> i64 {
+        self.clock.now()
     }
 
     /// Counts a refusal.

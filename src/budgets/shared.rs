@@ -16,7 +16,7 @@ use super::window::{Kind, Windows};
 use super::Who;
 use crate::rate_limit::{escape_id, Backend};
 
-/// KEYS: counters. ARGV, four per counter: limit, amount, expiry (unix s), seed (-1: none).
+/// KEYS: counters. ARGV, four per counter: limit, amount, time to live (s), seed (-1: none).
 /// Returns `{-1, i…}`: counters missing without a seed; `{0, i, used}`: counter `i` refused
 /// (nothing changed); `{1, used…}`: reserved, with each counter's new value.
 const RESERVE: &str = r#"
@@ -49,7 +49,7 @@ end
 local out = {1}
 for i = 1, #KEYS do
   local v = used[i] + tonumber(ARGV[(i - 1) * 4 + 2])
-  redis.call('SET', KEYS[i], string.format('%.0f', v), 'EXAT', ARGV[(i - 1) * 4 + 3])
+  redis.call('SET', KEYS[i], string.format('%.0f', v), 'EX', ARGV[(i - 1) * 4 + 3])
   out[#out + 1] = v
 end
 return out
@@ -69,7 +69,7 @@ end
 return 0
 "#;
 
-/// KEYS: counters; ARGV, two per counter: a floor (the ledger's value), expiry (unix s).
+/// KEYS: counters; ARGV, two per counter: a floor (the ledger's value), time to live (s).
 /// Raises each counter to its floor: after an outage, usage counted per process reaches the
 /// shared counters through the ledger.
 const RAISE: &str = r#"
@@ -77,7 +77,7 @@ for i = 1, #KEYS do
   local floor = tonumber(ARGV[(i - 1) * 2 + 1])
   local v = tonumber(redis.call('GET', KEYS[i]) or '-1')
   if v < floor then
-    redis.call('SET', KEYS[i], string.format('%.0f', floor), 'EXAT', ARGV[(i - 1) * 2 + 2])
+    redis.call('SET', KEYS[i], string.format('%.0f', floor), 'EX', ARGV[(i - 1) * 2 + 2])
   end
 end
 return 0
@@ -208,9 +208,10 @@ pub fn counter_key(who: Who<'_>, kind: Kind, start: i64) -> String {
     key
 }
 
-/// When a counter of `kind` may go: an hour after its window ends.
+/// How long a counter of `kind` lives: until an hour after its window ends. Relative, so a
+/// gateway's clock (or a test's) need not agree with Redis's.
 pub fn expiry(kind: Kind, windows: &Windows) -> i64 {
-    kind.start(&windows.ends) + GRACE
+    windows.seconds_left(kind) as i64 + GRACE
 }
 
 fn clamp(n: u64) -> i64 {

@@ -17,7 +17,6 @@ use super::shared::{counter_key, expiry};
 use super::window::{Kind, Windows};
 use super::{Budgets, Table, Who};
 use crate::auth::api_keys::{BudgetChange, KeyStore, StoreError, Subject};
-use crate::time::unix_now;
 
 /// How often the store is asked for budget changes.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -106,7 +105,7 @@ impl Budgets {
             return Ok(());
         }
         // Newly budgeted subjects start from what the ledger holds, before they are enforced.
-        let starts = Windows::at(unix_now()).starts;
+        let starts = Windows::at(self.clock.now()).starts;
         for c in changed.iter().filter(|c| current.get(&c.subject).is_none()) {
             let usage = self.store.window_usage(&c.subject, starts).await?;
             self.local.seed(who(&c.subject), &starts, &usage);
@@ -123,7 +122,7 @@ impl Budgets {
     /// Raises every budgeted subject's counters to the ledger's values: this process's, and
     /// with `shared` Redis's too.
     async fn seed_all(&self, store: &dyn KeyStore, shared: bool) -> Result<(), StoreError> {
-        let windows = Windows::at(unix_now());
+        let windows = Windows::at(self.clock.now());
         let usage = store.all_window_usage(windows.starts).await?;
         let table = self.table.load_full();
         let mut keys = Vec::new();

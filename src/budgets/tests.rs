@@ -16,7 +16,7 @@ use crate::auth::{Principal, PrincipalKind};
 use crate::config::{BudgetSettings, Enforcement, RedisServer as RedisUrl};
 use crate::metrics::Metrics;
 use crate::rate_limit::Backend;
-use crate::time::parse_date;
+use crate::time::{parse_date, Clock};
 
 /// Budgets and ledger sums, as a store would hold them.
 #[derive(Default)]
@@ -109,7 +109,8 @@ async fn budgets(store: &Arc<Store>, redis: Option<Arc<Backend>>) -> Budgets {
         redis,
         &Metrics::new(),
         &["infer"],
-    );
+    )
+    .with_clock(Clock::fixed(noon()));
     b.load(&**store, &mut SyncState::default()).await.unwrap();
     b
 }

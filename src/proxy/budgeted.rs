@@ -10,7 +10,6 @@ use pingora::Result;
 use super::{Gateway, RequestCtx};
 use crate::budgets::window::openai_duration;
 use crate::budgets::{Line, Quota, Refusal};
-use crate::time::unix_now;
 
 const TOKENS: [&str; 3] = [
     "x-ratelimit-limit-tokens",
@@ -46,7 +45,7 @@ impl Gateway {
             None => budgets.ask(0, None, false),
         };
         ctx.budget_decided = true;
-        match Box::pin(budgets.reserve_for(budgeted, ask, unix_now())).await {
+        match Box::pin(budgets.reserve_for(budgeted, ask, budgets.now())).await {
             Ok(reservation) => {
                 ctx.budget = Some(Box::new(reservation));
                 Ok(())
