@@ -78,6 +78,10 @@ pub async fn over_budget(
 /// The answer to a proxy attempt that failed: a refused body's 400, a held body's 408, 413
 /// or 503, or the upstream's 502/504.
 pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+    // Pingora closes the client's connection after a failed proxy attempt whatever this
+    // returns (it reuses it only after an error before proxying), so the answer must say
+    // `Connection: close`: a client told keep-alive would send its next request into a reset.
+    session.set_keepalive(None);
     if let Some(refusal) = ctx.budget_refusal.take() {
         // A held body's request, refused for its budget before any body byte went upstream.
         if let Err(write_err) = over_budget(session, ctx, &refusal).await {
@@ -85,7 +89,7 @@ pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
         }
         return FailToProxy {
             error_code: 429,
-            can_reuse_downstream: true,
+            can_reuse_downstream: false,
         };
     }
     let refused_body = ctx.exchange.as_ref().and_then(|x| x.error.as_ref());
@@ -111,8 +115,7 @@ pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
     ctx.local_status = Some(error.status());
     FailToProxy {
         error_code: error.status(),
-        // A refused body was read to its end: the client's connection is still in step.
-        can_reuse_downstream: refused_body.is_some(),
+        can_reuse_downstream: false,
     }
 }
 

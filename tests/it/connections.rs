@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use testkit::{
-    connect_from, free_port, pid_alive, read_response, try_raw, Gateway, Service, Upstream,
+    connect_from, free_port, header, pid_alive, read_response, try_raw, Gateway, Service, Upstream,
 };
 
 const ONE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
@@ -415,4 +415,103 @@ fn bad_limits_are_refused_at_start_up_naming_the_file_and_the_key() {
     ] {
         assert!(err.contains(&format!("{file}: {problem}")), "{err}");
     }
+}
+
+/// Sends `request` on `s` and then a `/healthz` on the same connection, as a client that
+/// reuses its connections does; whatever the first answer, the second must be consistent with
+/// it: `Connection: close` and then the connection closed, or kept alive and answered.
+fn answer_then_reuse(port: u16, request: &[u8]) -> u16 {
+    let mut s = connect(ONE, port);
+    s.write_all(request).unwrap();
+    let (status, headers, _) = read_response(&mut s).unwrap().expect("an answer");
+    let connection = header(&headers, "connection")
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let next = healthz(&mut s);
+    if connection == "close" {
+        assert_eq!(
+            next, None,
+            "{status} said close but answered the next request"
+        );
+    } else {
+        assert_eq!(
+            next,
+            Some(200),
+            "{status} said {connection:?}: the next request on the connection was not answered"
+        );
+    }
+    status
+}
+
+#[test]
+fn a_reused_connection_is_never_reset_after_an_answer_the_gateway_wrote() {
+    let up = Upstream::start();
+    let dead = free_port();
+    let gw = Gateway::builder()
+        .service(Service::new("dead", format!("http://127.0.0.1:{dead}")))
+        .service(Service::new("chat", up.url("/oa")).openai())
+        .max_body(1 << 20)
+        .server("max_buffered_body_bytes", 64 * 1024)
+        .server("buffered_bodies_max_bytes", 64 * 1024)
+        .start();
+    let (key, _) = gw.create_key("dead,chat", &[]);
+    let get = |path: &str| {
+        format!("GET {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n\r\n")
+    };
+    let post = |path: &str, body: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    // 502: every replica refuses, with and without a request body.
+    assert_eq!(
+        answer_then_reuse(gw.port, get("/v1/dead/x").as_bytes()),
+        502
+    );
+    assert_eq!(
+        answer_then_reuse(gw.port, post("/v1/dead/x", chat).as_bytes()),
+        502
+    );
+    // 4xx the gateway writes: unknown service, malformed body, method, path shape.
+    assert_eq!(
+        answer_then_reuse(gw.port, get("/v1/nope/x").as_bytes()),
+        404
+    );
+    let bad = post("/v1/chat/v1/chat/completions", r#"{"messages": 7}"#);
+    assert_eq!(answer_then_reuse(gw.port, bad.as_bytes()), 400);
+    let trace =
+        format!("TRACE /v1/chat/x HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n\r\n");
+    assert_eq!(answer_then_reuse(gw.port, trace.as_bytes()), 405);
+    assert_eq!(
+        answer_then_reuse(gw.port, get("/v1/chat/a//b").as_bytes()),
+        400
+    );
+    // 503: an unfinished chunked upload holds (nearly) all of buffered_bodies_max_bytes.
+    let mut holder = connect(ONE, gw.port);
+    let held = format!(
+        "POST /v1/chat/v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+        60 * 1024
+    );
+    holder.write_all(held.as_bytes()).unwrap();
+    holder.write_all(&[b' '; 60 * 1024]).unwrap();
+    holder.write_all(b"\r\n").unwrap();
+    thread::sleep(Duration::from_millis(300));
+    let status = answer_then_reuse(
+        gw.port,
+        post("/v1/chat/v1/chat/completions", &format!("{chat:<8000}")).as_bytes(),
+    );
+    assert_eq!(status, 503);
+    drop(holder);
+    // And a proxied answer keeps the connection, as before.
+    assert_eq!(
+        answer_then_reuse(
+            gw.port,
+            post("/v1/chat/v1/chat/completions", chat).as_bytes()
+        ),
+        200
+    );
 }
