@@ -24,7 +24,7 @@ pub(super) const ANTHROPIC_ERRORS: [&str; 12] = [
     "messages must be a non-empty array",
     "messages[N] must be an object",
     "messages[N].role appears more than once",
-    "messages[N].role must be \"user\" or \"assistant\"",
+    "messages[N].role must be a string",
     "messages[N].content appears more than once",
     "messages[N].content must be a string or an array of content blocks",
     "messages[N].content[N] must be an object",

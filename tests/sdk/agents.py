@@ -253,8 +253,15 @@ def agent_checks(gw, chatx_default, chatx_aliases):
 
     def count_tokens_malformed():
         return expect_bad_request(
-            lambda: an.messages.count_tokens(model="claude-sonnet-4-5", messages=[{"role": "system", "content": "x"}]),
-            anthropic.BadRequestError, 'messages[0].role must be "user" or "assistant"')
+            lambda: an.messages.count_tokens(model="claude-sonnet-4-5", messages=[{"role": 7, "content": "x"}]),
+            anthropic.BadRequestError, "messages[0].role must be a string")
+
+    def messages_mid_conversation_system():
+        # As Claude Code sends on its default model: the role is the upstream's to judge.
+        m = an.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=[
+            {"role": "user", "content": "hi"}, {"role": "system", "content": "be terse"},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}])
+        expect_eq(m.stop_reason, "end_turn", "a mid-conversation system message is forwarded and answered")
 
     def x_api_key_refused():
         # The key in x-api-key alone (Anthropic's own header) is no credential here. (These SDK
@@ -309,7 +316,9 @@ def agent_checks(gw, chatx_default, chatx_aliases):
         ("claude: messages.count_tokens, alias replaced; a request without tokens in the ledger", count_tokens),
         ("claude: messages=[] raises BadRequestError with the gateway's message", messages_malformed),
         ("claude: stream=True, max_tokens=0 raises BadRequestError", messages_malformed_stream),
-        ("claude: count_tokens with a system role raises BadRequestError", count_tokens_malformed),
+        ("claude: count_tokens with a role that is not a string raises BadRequestError", count_tokens_malformed),
+        ("claude: messages.create with a mid-conversation system message is answered",
+         messages_mid_conversation_system),
         ("claude: a key in x-api-key alone is not accepted: AuthenticationError 401", x_api_key_refused),
         ("budgets: tokens_per_day and requests_per_day refusals are each SDK's RateLimitError", budgets),
     ]

@@ -1,6 +1,7 @@
-//! The members of an Anthropic Messages body the gateway reads: `messages` (each with a role
-//! of `user` or `assistant` and a content that is a string or an array of blocks), `system`,
-//! and the `max_tokens` a Messages request must state (token counting needs none).
+//! The members of an Anthropic Messages body the gateway reads: `messages` (each with a string
+//! role and a content that is a string or an array of blocks), `system`, and the `max_tokens`
+//! a Messages request must state (token counting needs none). Which roles and block types a
+//! model takes is the upstream's to judge: Claude Code sends mid-conversation `system` turns.
 
 use serde::de::{self, MapAccess, SeqAccess};
 
@@ -125,7 +126,7 @@ impl<'de> Shape<'de> for Message<'_> {
     }
 }
 
-/// `messages[i].role`: `user` or `assistant` (Anthropic takes the system prompt apart).
+/// `messages[i].role`: a string; its vocabulary is the upstream's.
 struct Role<'p> {
     problem: &'p Problem,
     i: usize,
@@ -138,16 +139,10 @@ impl<'de> Shape<'de> for Role<'_> {
         self.problem
     }
     fn wrong_type(&self) -> String {
-        format!(
-            "messages[{}].role must be \"user\" or \"assistant\"",
-            self.i
-        )
+        format!("messages[{}].role must be a string", self.i)
     }
-    fn text<E: de::Error>(self, value: &str) -> Result<(), E> {
-        match value {
-            "user" | "assistant" => Ok(()),
-            _ => Err(self.refuse()),
-        }
+    fn string<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
     }
 }
 
