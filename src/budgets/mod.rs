@@ -25,6 +25,7 @@ use crate::auth::api_keys::{Budget, KeyStore, Subject};
 use crate::auth::Principal;
 use crate::config::{BudgetSettings, Enforcement};
 use crate::metrics::Metrics;
+use crate::model_policy::CapRule;
 use crate::rate_limit::Backend;
 use crate::time::{rfc3339, Clock};
 use local::Local;
@@ -184,6 +185,8 @@ pub struct Refusal {
 
 pub struct Budgets {
     settings: BudgetSettings,
+    /// The completion cap a request with a token budget must have (`default_max_tokens`).
+    cap_rule: CapRule,
     table: ArcSwap<Table>,
     local: Local,
     shared: Option<Shared>,
@@ -218,6 +221,7 @@ impl Budgets {
         }
         metrics.register(Box::new(rejections.clone()));
         Budgets {
+            cap_rule: CapRule::new(settings.default_max_tokens, settings.refuse_unstated_cap),
             settings,
             table: ArcSwap::from_pointee(Table::default()),
             local: Local::default(),
@@ -262,6 +266,23 @@ impl Budgets {
             tokens,
             requests: 1,
         }
+    }
+
+    /// The completion cap a request must have when its caller has a token budget.
+    pub fn cap_rule(&self) -> &CapRule {
+        &self.cap_rule
+    }
+
+    /// Whether `principal`'s key or owner limits tokens (not only requests): its requests
+    /// must then be bounded and metered.
+    pub fn limits_tokens(&self, principal: &Principal) -> bool {
+        let limits = |b: &Budget| {
+            Kind::ALL
+                .iter()
+                .any(|k| k.counts_tokens() && k.limit(b).is_some())
+        };
+        self.of(principal)
+            .is_some_and(|both| both.iter().flatten().any(|(_, b)| limits(b)))
     }
 
     /// The budgets that apply to `principal` (its key's, its owner's), or None when neither

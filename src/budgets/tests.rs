@@ -82,6 +82,7 @@ fn settings(enforcement: Enforcement) -> BudgetSettings {
         enforcement,
         default_max_tokens: 100,
         prompt_bytes_per_token: 4,
+        refuse_unstated_cap: false,
     }
 }
 

@@ -31,6 +31,8 @@ pub struct Budgets {
     pub enforcement: Option<String>,
     pub default_max_tokens: Option<u64>,
     pub prompt_bytes_per_token: Option<u64>,
+    /// `insert` (default) or `refuse`.
+    pub unstated_cap: Option<String>,
 }
 
 /// `[metering]`: the usage ledger kept in the key store.

@@ -42,10 +42,12 @@ pub enum Enforcement {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BudgetSettings {
     pub enforcement: Enforcement,
-    /// Completion tokens reserved for a request that states no cap.
+    /// The completion cap of a budgeted request that states none.
     pub default_max_tokens: u64,
     /// The prompt estimate: one token per this many request-body bytes (rounded up).
     pub prompt_bytes_per_token: u64,
+    /// `unstated_cap = "refuse"`: such a request is refused (400) rather than capped.
+    pub refuse_unstated_cap: bool,
 }
 
 /// `[metering]`: the usage ledger (kept only with a key store, `[auth.api_keys]`).

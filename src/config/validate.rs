@@ -371,10 +371,24 @@ impl Validator<'_> {
         if per_token == 0 {
             self.problem("budgets.prompt_bytes_per_token", "must be at least 1");
         }
+        let refuse_unstated_cap = match b.unstated_cap.as_deref() {
+            None | Some("insert") => false,
+            Some("refuse") => true,
+            Some(other) => {
+                let why = format!("{other:?} is not one of \"insert\", \"refuse\"");
+                self.problem("budgets.unstated_cap", why);
+                false
+            }
+        };
+        let default_max_tokens = b.default_max_tokens.unwrap_or(1024);
+        if default_max_tokens == 0 {
+            self.problem("budgets.default_max_tokens", "must be at least 1");
+        }
         BudgetSettings {
             enforcement,
-            default_max_tokens: b.default_max_tokens.unwrap_or(1024),
+            default_max_tokens,
             prompt_bytes_per_token: per_token.max(1),
+            refuse_unstated_cap,
         }
     }
 

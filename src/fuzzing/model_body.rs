@@ -157,7 +157,7 @@ fn bodies(data: &[u8], endpoints: &[Endpoint]) {
 
 /// The completion tokens a request states it may use, as budgets reserve them: the larger
 /// of `max_tokens` and `max_completion_tokens` times the larger of `n` and `best_of` (1 when
-/// neither), none without a cap, 0 on embeddings and token counting; Responses'
+/// neither) times the prompts of a completions `prompt` array, none without a cap, 0 on embeddings and token counting; Responses'
 /// `max_output_tokens`, Messages' `max_tokens`.
 fn assert_completion_cap(endpoint: Endpoint, data: &[u8], value: &Value, policy: &Models) {
     let plan = model_policy::plan(endpoint, data, policy).expect("accepted above");
@@ -169,7 +169,17 @@ fn assert_completion_cap(endpoint: Endpoint, data: &[u8], value: &Value, policy:
         Endpoint::Messages => count("max_tokens"),
         _ => larger(count("max_tokens"), count("max_completion_tokens")).map(|cap| {
             let choices = larger(count("n"), count("best_of")).unwrap_or(1).max(1);
-            cap.saturating_mul(choices)
+            // One completion per prompt of an array of strings or of token arrays.
+            let prompts = match value.get("prompt") {
+                Some(Value::Array(items)) if endpoint == Endpoint::Completions => {
+                    match items.first() {
+                        Some(Value::Number(_)) | None => 1,
+                        Some(_) => items.len() as u64,
+                    }
+                }
+                _ => 1,
+            };
+            cap.saturating_mul(choices).saturating_mul(prompts)
         }),
     };
     assert_eq!(plan.completion_cap, wanted, "{endpoint:?}: completion cap");

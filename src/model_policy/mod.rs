@@ -130,18 +130,24 @@ pub struct Plan<'a, 'm> {
     /// A streamed request that does not ask for its usage: the edit that asks for it.
     pub usage: Option<Edit<'static>>,
     /// The most completion tokens the request may use, as it states them (`max_tokens` or
-    /// `max_completion_tokens`, times `n` or `best_of`; `max_output_tokens` on Responses; the
-    /// required `max_tokens` on Messages); 0 for embeddings and token counting; `None` when
-    /// not stated.
+    /// `max_completion_tokens`, times `n` or `best_of` and its prompts; `max_output_tokens` on
+    /// Responses; the required `max_tokens` on Messages) or as `plan_capped` inserted them; 0
+    /// for embeddings and token counting; `None` when not stated.
     pub completion_cap: Option<u64>,
+    /// How many completions it generates (choices × prompts): what an unstated cap is
+    /// multiplied by.
+    pub completions: u64,
+    /// A Responses request run in the background: its generation is fetched later, by calls
+    /// the gateway does not meter.
+    pub background: bool,
 }
 
-/// Up to two places of the body replaced (an insertion when a range is empty), in order and
-/// not overlapping: the model's and `stream_options`'.
+/// Up to three places of the body replaced (an insertion when a range is empty), in order and
+/// not overlapping: the model's, `stream_options`' and a budget's completion cap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edit<'m> {
-    first: Splice<'m>,
-    second: Option<Splice<'m>>,
+    /// The splices made, by position; the filled ones first.
+    splices: [Option<Splice<'m>>; 3],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,30 +159,40 @@ struct Splice<'m> {
 impl<'m> Edit<'m> {
     fn splice(range: Range<usize>, with: &'m [u8]) -> Edit<'m> {
         Edit {
-            first: Splice { range, with },
-            second: None,
+            splices: [Some(Splice { range, with }), None, None],
         }
     }
 
     /// Both edits, one after the other; each was planned on the original body, in a
-    /// different member (two insertions after the opening brace are both kept).
+    /// different member (insertions after the opening brace are all kept).
     pub fn and<'o: 'm>(self, other: Edit<'o>) -> Edit<'m> {
-        debug_assert!(self.second.is_none() && other.second.is_none());
-        let (a, b) = (self.first, other.first);
-        let (first, second) = if b.range.start < a.range.start {
-            (b, a)
-        } else {
-            (a, b)
-        };
-        debug_assert!(first.range.end <= second.range.start);
-        Edit {
-            first,
-            second: Some(second),
+        let mut splices = self.splices;
+        let mut free = splices.iter_mut().filter(|s| s.is_none());
+        for splice in other.splices.into_iter().flatten() {
+            match free.next() {
+                Some(slot) => *slot = Some(splice),
+                None => debug_assert!(false, "at most three splices"),
+            }
+        }
+        // Stable and small: no allocation; equal starts (insertions) keep their order.
+        splices.sort_by_key(|s| s.as_ref().map_or(usize::MAX, |s| s.range.start));
+        debug_assert!(splices.windows(2).all(|w| match (&w[0], &w[1]) {
+            (Some(a), Some(b)) => a.range.end <= b.range.start,
+            _ => true,
+        }));
+        Edit { splices }
+    }
+
+    /// Either edit, or both.
+    pub fn merge<'o: 'm>(a: Option<Edit<'m>>, b: Option<Edit<'o>>) -> Option<Edit<'m>> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.and(b)),
+            (a, b) => a.or(b),
         }
     }
 
     fn splices(&self) -> impl DoubleEndedIterator<Item = &Splice<'m>> {
-        std::iter::once(&self.first).chain(&self.second)
+        self.splices.iter().flatten()
     }
 
     /// How many bytes longer the body gets.
@@ -235,11 +251,64 @@ pub fn apply(endpoint: Endpoint, body: &[u8], models: &Models) -> Result<Applied
     })
 }
 
+/// The completion cap a budgeted request must have (`[budgets] default_max_tokens`,
+/// `unstated_cap`): written into a body that states none, or such a body refused. Built once.
+#[derive(Debug, Clone)]
+pub struct CapRule {
+    pub tokens: u64,
+    pub refuse: bool,
+    /// `"max_completion_tokens":N,` (chat), `"max_tokens":N,` (completions, Messages),
+    /// `"max_output_tokens":N,` (Responses), each inserted after the opening brace.
+    inserts: [Vec<u8>; 3],
+}
+
+impl CapRule {
+    pub fn new(tokens: u64, refuse: bool) -> CapRule {
+        let insert = |field: &str| format!("\"{field}\":{tokens},").into_bytes();
+        CapRule {
+            tokens,
+            refuse,
+            inserts: [
+                insert("max_completion_tokens"),
+                insert("max_tokens"),
+                insert("max_output_tokens"),
+            ],
+        }
+    }
+
+    /// The member that caps `endpoint`'s completion, and its insertion.
+    fn insert(&self, endpoint: Endpoint) -> Option<(&'static str, &[u8])> {
+        let (field, i) = match endpoint {
+            Endpoint::Chat => ("max_completion_tokens", 0),
+            Endpoint::Completions | Endpoint::Messages => ("max_tokens", 1),
+            Endpoint::Responses => ("max_output_tokens", 2),
+            Endpoint::Embeddings | Endpoint::CountTokens => return None,
+        };
+        Some((field, &self.inserts[i]))
+    }
+
+    /// The most bytes the insertion adds.
+    pub fn max_growth(&self) -> usize {
+        self.inserts.iter().map(Vec::len).max().unwrap_or(0)
+    }
+}
+
 /// Checks a body and says what the policy changes in it.
 pub fn plan<'a, 'm: 'a>(
     endpoint: Endpoint,
     body: &'a [u8],
     models: &'m Models,
+) -> Result<Plan<'a, 'm>, BodyError> {
+    plan_capped(endpoint, body, models, None)
+}
+
+/// `plan`, for a caller with a token budget when `cap` is given: a request that states no
+/// completion cap gets `cap`'s (or is refused), so its reservation is a true worst case.
+pub fn plan_capped<'a, 'm: 'a>(
+    endpoint: Endpoint,
+    body: &'a [u8],
+    models: &'m Models,
+    cap: Option<&'m CapRule>,
 ) -> Result<Plan<'a, 'm>, BodyError> {
     let scanned = body::scan(endpoint, body)?;
     // Only chat and completions streams report usage on request; the Responses and Messages
@@ -260,16 +329,32 @@ pub fn plan<'a, 'm: 'a>(
     } else {
         None
     };
-    let completion_cap = match endpoint.generates() {
-        false => Some(0),
-        true => scanned.completion_cap(),
+    let (completion_cap, cap_edit) = match (endpoint.generates(), scanned.max_tokens) {
+        (false, _) => (Some(0), None),
+        (true, Some(_)) => (scanned.completion_cap(), None),
+        (true, None) => match cap.and_then(|c| Some((c, c.insert(endpoint)?))) {
+            Some((rule, (field, _))) if rule.refuse => {
+                return Err(BodyError(format!(
+                    "{field} is required: the caller's token budget needs a completion cap"
+                )));
+            }
+            Some((rule, (_, insert))) => {
+                let at = after_brace(body);
+                let worst = rule.tokens.saturating_mul(scanned.completions());
+                (Some(worst), Some(Edit::splice(at..at, insert)))
+            }
+            None => (None, None),
+        },
     };
+    let (completions, background) = (scanned.completions(), scanned.background);
     let (edit, model) = model_edit(scanned.model, body, models);
     Ok(Plan {
-        edit,
+        edit: Edit::merge(edit, cap_edit),
         model,
         usage,
         completion_cap,
+        completions,
+        background,
     })
 }
 

@@ -775,3 +775,83 @@ fn endpoints() {
         );
     }
 }
+
+#[test]
+fn every_prompt_of_a_completions_array_and_every_choice_multiplies_the_cap() {
+    let cap = |body: &str| {
+        crate::model_policy::plan(Endpoint::Completions, body.as_bytes(), &no_policy())
+            .map(|p| (p.completion_cap, p.completions))
+            .unwrap()
+    };
+    assert_eq!(
+        cap(r#"{"prompt":["a","b","c"],"max_tokens":10}"#),
+        (Some(30), 3)
+    );
+    assert_eq!(
+        cap(r#"{"prompt":[[1,2],[3],[4]],"max_tokens":10,"n":2}"#),
+        (Some(60), 6)
+    );
+    // One token array is one prompt.
+    assert_eq!(cap(r#"{"prompt":[1,2,3],"max_tokens":10}"#), (Some(10), 1));
+    // No cap stated: none, but the completions are still counted for the one inserted.
+    assert_eq!(cap(r#"{"prompt":["a","b"],"best_of":4}"#), (None, 8));
+}
+
+#[test]
+fn a_budgeted_request_without_a_cap_gets_one_inserted_or_is_refused() {
+    use crate::model_policy::{plan_capped, CapRule};
+    let insert = CapRule::new(1024, false);
+    let refuse = CapRule::new(1024, true);
+    let models = no_policy();
+    let cases = [
+        (
+            Endpoint::Chat,
+            format!(r#"{{"messages":{USER_HI},"n":3}}"#),
+            "max_completion_tokens",
+            3,
+        ),
+        (
+            Endpoint::Completions,
+            r#"{"prompt":["a","b"]}"#.to_string(),
+            "max_tokens",
+            2,
+        ),
+        (
+            Endpoint::Responses,
+            r#"{"input":"hi"}"#.to_string(),
+            "max_output_tokens",
+            1,
+        ),
+    ];
+    for (endpoint, body, field, completions) in cases {
+        let plan = plan_capped(endpoint, body.as_bytes(), &models, Some(&insert)).unwrap();
+        assert_eq!(plan.completion_cap, Some(1024 * completions), "{body}");
+        let sent = plan.edit.unwrap().applied_to(body.as_bytes());
+        let sent: serde_json::Value = serde_json::from_slice(&sent).unwrap();
+        assert_eq!(sent[field], 1024, "{sent}");
+        // Byte-exact: the client's body follows the inserted member unchanged.
+        let mut original: serde_json::Value = serde_json::from_str(&body).unwrap();
+        original[field] = 1024.into();
+        assert_eq!(sent, original);
+        let refused = plan_capped(endpoint, body.as_bytes(), &models, Some(&refuse));
+        let message = refused.unwrap_err().message().to_string();
+        assert!(
+            message.starts_with(&format!("{field} is required")),
+            "{message}"
+        );
+    }
+    // A stated cap (a chat's legacy max_tokens included) is kept as it is.
+    let stated = format!(r#"{{"messages":{USER_HI},"max_tokens":5}}"#);
+    let plan = plan_capped(Endpoint::Chat, stated.as_bytes(), &models, Some(&refuse)).unwrap();
+    assert_eq!((plan.completion_cap, plan.edit), (Some(5), None));
+    // Embeddings generate nothing: no cap to insert.
+    let embed = r#"{"input":"a"}"#;
+    let plan = plan_capped(
+        Endpoint::Embeddings,
+        embed.as_bytes(),
+        &models,
+        Some(&refuse),
+    )
+    .unwrap();
+    assert_eq!((plan.completion_cap, plan.edit), (Some(0), None));
+}

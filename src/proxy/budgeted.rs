@@ -10,6 +10,7 @@ use pingora::Result;
 use super::{Gateway, RequestCtx};
 use crate::budgets::window::openai_duration;
 use crate::budgets::{Line, Quota, Refusal};
+use crate::model_policy::CapRule;
 
 const TOKENS: [&str; 3] = [
     "x-ratelimit-limit-tokens",
@@ -23,6 +24,12 @@ const REQUESTS: [&str; 3] = [
 ];
 
 impl Gateway {
+    /// The completion cap a request of this caller must have: only with a token budget.
+    pub(super) fn cap_rule(&self, ctx: &RequestCtx) -> Option<&CapRule> {
+        let (budgets, principal) = (self.budgets.as_deref()?, ctx.principal.as_ref()?);
+        budgets.limits_tokens(principal).then(|| budgets.cap_rule())
+    }
+
     /// Reserves the request's budget once what it asks is known: at once for a request
     /// whose body is not read, once the body is read for one that is. `Err`: refused.
     pub(super) async fn reserve_budget(&self, ctx: &mut RequestCtx) -> Result<(), Box<Refusal>> {

@@ -38,7 +38,7 @@ use super::metered::Metered;
 use crate::access_log;
 use crate::config::BufferLimits;
 use crate::errors::GatewayError;
-use crate::model_policy::{self, BodyError, Edit, Endpoint, Models};
+use crate::model_policy::{self, BodyError, CapRule, Edit, Endpoint, Models};
 use crate::replicas::prefix;
 use crate::usage::Dialect;
 
@@ -85,6 +85,8 @@ pub struct Exchange {
     /// The memory of a body read ahead: Pingora keeps the client's bytes in its retry buffer
     /// until the request ends, so this is held as long.
     reserved: Option<Reservation>,
+    /// The caller has a token budget: a body stating no completion cap gets the budgets' one.
+    capped: bool,
 }
 
 enum Body {
@@ -117,10 +119,12 @@ impl Exchange {
         session: &mut Session,
         endpoint: Endpoint,
         models: &Models,
+        cap: Option<&CapRule>,
         bounds: &Buffering,
         keyed: bool,
     ) -> Result<(Exchange, Next)> {
         let mut exchange = Exchange {
+            capped: cap.is_some(),
             endpoint,
             body: Body::Original,
             model: None,
@@ -145,7 +149,8 @@ impl Exchange {
         let Some(len) = declared.filter(|&len| len <= READ_AHEAD_MAX) else {
             let declared = declared.map(|len| len as usize);
             let max = bounds.max_body as usize;
-            return match Held::new(&bounds.budget, declared, max, max_growth(endpoint, models)) {
+            let room = max_growth(endpoint, models, cap);
+            return match Held::new(&bounds.budget, declared, max, room) {
                 Ok(held) => {
                     exchange.body = Body::Held(held, deadline);
                     if keyed {
@@ -168,7 +173,7 @@ impl Exchange {
         };
         // Pingora's retry-buffer copy, the copy read here, and the changed copy if the policy
         // can change a body; what is not kept is given back once the policy has run.
-        let growth = max_growth(endpoint, models) as u64;
+        let growth = max_growth(endpoint, models, cap) as u64;
         let changed = if growth > 0 { len + growth } else { 0 };
         let Some(reserved) = bounds.budget.reserve(2 * len + changed) else {
             return refuse(exchange, GatewayError::Overloaded);
@@ -186,7 +191,7 @@ impl Exchange {
             }
             Err(e) => return Err(e),
         };
-        let next = exchange.apply(&body, models);
+        let next = exchange.apply(&body, models, cap);
         if keyed && matches!(next, Next::Proxy) {
             // The client's bytes, before the policy's edit: what every turn sends alike.
             exchange.affinity_key = prefix::body_key(&body);
@@ -243,8 +248,8 @@ impl Exchange {
     }
 
     /// Applies the policy to a body read ahead: a changed body is a new copy.
-    fn apply(&mut self, body: &[u8], models: &Models) -> Next {
-        let Some(edit) = self.plan(body, models) else {
+    fn apply(&mut self, body: &[u8], models: &Models, cap: Option<&CapRule>) -> Next {
+        let Some(edit) = self.plan(body, models, cap) else {
             return Next::Refuse(GatewayError::InvalidBody);
         };
         if let Some(edit) = edit {
@@ -255,8 +260,14 @@ impl Exchange {
 
     /// Checks a complete body and keeps its model: the edit the policy makes, if any, or
     /// None when the body is refused (the reason kept for the 400).
-    fn plan<'m>(&mut self, body: &[u8], models: &'m Models) -> Option<Option<Edit<'m>>> {
-        match model_policy::plan(self.endpoint, body, models) {
+    fn plan<'m>(
+        &mut self,
+        body: &[u8],
+        models: &'m Models,
+        cap: Option<&'m CapRule>,
+    ) -> Option<Option<Edit<'m>>> {
+        let cap = cap.filter(|_| self.capped);
+        match model_policy::plan_capped(self.endpoint, body, models, cap) {
             Ok(plan) => {
                 // The access log is the name's only reader: only what it shows is copied.
                 self.model = plan.model.map(|m| access_log::model_name(&m).to_owned());
@@ -268,10 +279,7 @@ impl Exchange {
                 };
                 (self.metered).request_read(body.len(), plan.usage.is_some(), dialect);
                 self.ask = Some((body.len() as u64, plan.completion_cap));
-                Some(match (plan.edit, plan.usage) {
-                    (Some(edit), Some(usage)) => Some(edit.and(usage)),
-                    (edit, usage) => edit.or(usage),
-                })
+                Some(Edit::merge(plan.edit, plan.usage))
             }
             Err(e) => {
                 self.error = Some(e);
@@ -303,6 +311,7 @@ impl Exchange {
         body: &mut Option<Bytes>,
         end_of_stream: bool,
         models: &Models,
+        cap: Option<&CapRule>,
     ) -> Result<()> {
         let (held, deadline) = match &mut self.body {
             Body::Original => return Ok(()),
@@ -327,7 +336,7 @@ impl Exchange {
         let Body::Held(mut held, _) = std::mem::replace(&mut self.body, Body::Original) else {
             unreachable!("matched as held above");
         };
-        let Some(edit) = self.plan(held.bytes(), models) else {
+        let Some(edit) = self.plan(held.bytes(), models, cap) else {
             return Error::e_explain(ErrorType::HTTPStatus(400), "request body refused");
         };
         if let Some(edit) = edit {
@@ -386,12 +395,12 @@ async fn read_ahead(session: &mut Session, len: u64, deadline: Deadline) -> Resu
 
 /// The most bytes the gateway may add to a body of `endpoint`: the model policy's edit, and
 /// `stream_options` on the endpoints that stream.
-fn max_growth(endpoint: Endpoint, models: &Models) -> usize {
+fn max_growth(endpoint: Endpoint, models: &Models, cap: Option<&CapRule>) -> usize {
     let usage = match endpoint {
         Endpoint::Chat | Endpoint::Completions => model_policy::USAGE_MAX_GROWTH,
         _ => 0,
     };
-    models.max_growth() + usage
+    models.max_growth() + usage + cap.map_or(0, CapRule::max_growth)
 }
 
 /// A held body that cannot grow, as the error that ends the proxy attempt (`local::failed`

@@ -188,10 +188,12 @@ impl ProxyHttp for Gateway {
                 if let (Some(endpoint), Some(models)) = (endpoint, self.models(ctx.route)) {
                     // Validate the body and apply the model policy before any upstream is chosen.
                     let keyed = self.route(ctx).is_some_and(|r| r.replicas.keyed());
+                    let cap = self.cap_rule(ctx);
                     let (exchange, next) = exchange::Exchange::begin(
                         session,
                         endpoint,
                         models,
+                        cap,
                         &self.buffering,
                         keyed,
                     )
@@ -226,7 +228,8 @@ impl ProxyHttp for Gateway {
             return Error::e_explain(ErrorType::HTTPStatus(413), "request body over the limit");
         }
         if let (Some(exchange), Some(models)) = (&mut ctx.exchange, self.models(ctx.route)) {
-            exchange.filter_body(session, body, end_of_stream, models)?;
+            let cap = self.budgets.as_deref().map(Budgets::cap_rule);
+            exchange.filter_body(session, body, end_of_stream, models, cap)?;
             // A held body is complete: its budget, before any of it is sent upstream.
             if end_of_stream && !ctx.budget_decided {
                 if let Err(refusal) = self.reserve_budget(ctx).await {

@@ -218,8 +218,8 @@ fn malformed_agent_bodies_get_400_naming_the_field_and_never_reach_the_upstream(
         ),
         (
             MESSAGES,
-            r#"{"max_tokens":8,"messages":[{"role":"system","content":"x"}]}"#,
-            "messages[0].role must be \"user\" or \"assistant\"",
+            r#"{"max_tokens":8,"messages":[{"role":["user"],"content":"x"}]}"#,
+            "messages[0].role must be a string",
         ),
         (
             COUNT,
@@ -324,4 +324,68 @@ fn post_raw(
         body.len()
     ));
     raw(gw.port, request.as_bytes())
+}
+
+/// What Claude Code and Codex really send (tests/fixtures/agents: a mid-conversation `system`
+/// message, thinking, `additional_tools` input items, no `max_output_tokens`), byte for byte,
+/// from a key with a token budget: answered 200, metered exactly, and reserved for.
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_code_and_codex_requests_pass_and_are_metered_and_budgeted() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agents");
+    let claude_code = std::fs::read(fixtures.join("claude_code_messages.json")).unwrap();
+    let codex = std::fs::read(fixtures.join("codex_responses.json")).unwrap();
+    let up = Upstream::start();
+    // Their bodies are 60-80 KB: over the test kit's default body limit.
+    let gw = Gateway::builder()
+        .service(Service::new("chatx", up.url("")).openai())
+        .service(Service::new("claude", up.url("")).set("api", "\"anthropic\""))
+        .max_body(1 << 20)
+        .extra("[access_log]\ndestination = \"{dir}/access.log\"\n[budgets]\ndefault_max_tokens = 4096\n")
+        .start();
+    let (key, _) = gw.create_key("chatx,claude", &["--tokens-per-day", "100000000"]);
+    let client = testkit::client();
+    for (id, path, body, completion) in [
+        (
+            "claude-code",
+            format!("{MESSAGES}?beta=true"),
+            &claude_code,
+            MESSAGES_SSE_USAGE.output,
+        ),
+        (
+            "codex",
+            RESPONSES.to_string(),
+            &codex,
+            RESPONSES_SSE_USAGE.completion,
+        ),
+    ] {
+        let resp = (client.post(gw.url(&path)))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .header("x-request-id", id)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{id}");
+        let limit = resp.headers().get("x-ratelimit-limit-tokens").cloned();
+        assert_eq!(limit.unwrap(), "100000000", "{id}: budgeted");
+        let text = resp.text().await.unwrap();
+        assert!(text.contains("event:"), "{id}: streamed: {text}");
+        let line = &access_log(&gw.dir.path().join("access.log"), &[id])[id];
+        assert_eq!(line["status"], 200, "{id}");
+        assert_eq!(line["usage_estimated"], false, "{id}: {line}");
+        assert_eq!(line["completion_tokens"], completion, "{id}: {line}");
+        assert!(line["prompt_tokens"].as_u64().unwrap() > 0, "{id}: {line}");
+    }
+    let reached = up.requests();
+    assert_eq!(reached.len(), 2);
+    // Claude Code states its max_tokens: its body reaches the upstream unchanged.
+    assert_eq!(reached[0].body, claude_code);
+    // Codex states no cap: the budget's is written in, and nothing else changes.
+    let mut capped = b"{\"max_output_tokens\":4096,".to_vec();
+    capped.extend_from_slice(&codex[1..]);
+    assert_eq!(
+        String::from_utf8_lossy(&reached[1].body),
+        String::from_utf8_lossy(&capped)
+    );
 }

@@ -278,8 +278,11 @@ enum Item {
     Integers,
 }
 
+/// Its value: how many prompts (inputs) it holds. A string or one token array is one; an
+/// array of strings or of token arrays is one per element, and a completion is generated for
+/// each, so a budget reserves one cap per prompt.
 impl<'de> Shape<'de> for Input<'_> {
-    type Value = ();
+    type Value = u64;
 
     fn problem(&self) -> &Problem {
         self.problem
@@ -287,18 +290,23 @@ impl<'de> Shape<'de> for Input<'_> {
     fn wrong_type(&self) -> String {
         input_shape(self.field)
     }
-    fn string<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
+    fn string<E: de::Error>(self) -> Result<u64, E> {
+        Ok(1)
     }
-    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
         let mut first = None;
+        let mut n: u64 = 0;
         let item = || Check(InputItem(self.problem, self.field));
         while let Some(kind) = seq.next_element_seed(item())? {
             if *first.get_or_insert(kind) != kind {
                 return Err(self.refuse());
             }
+            n += 1;
         }
-        Ok(())
+        Ok(match first {
+            Some(Item::Integer) => 1,
+            _ => n,
+        })
     }
 }
 

@@ -55,14 +55,25 @@ pub(super) struct Scanned<'a> {
     pub max_tokens: Option<u64>,
     /// The largest of `n` and `best_of`: completions generated per request (default 1).
     pub choices: Option<u64>,
+    /// The prompts of a completions `prompt` (each gets its own choices; default 1).
+    pub prompts: Option<u64>,
+    /// Responses' `"background": true`: generated server-side, fetched by a later call.
+    pub background: bool,
 }
 
 impl Scanned<'_> {
-    /// The most completion tokens the request states it may use: its cap times its choices;
-    /// `None` when it states no cap.
+    /// How many completions the request generates, each up to its cap: its choices (the
+    /// larger of `n` and `best_of`) times its prompts.
+    pub fn completions(&self) -> u64 {
+        let choices = self.choices.unwrap_or(1).max(1);
+        choices.saturating_mul(self.prompts.unwrap_or(1).max(1))
+    }
+
+    /// The most completion tokens the request states it may use: its cap times its
+    /// completions; `None` when it states no cap.
     pub fn completion_cap(&self) -> Option<u64> {
-        let per_choice = self.max_tokens?;
-        Some(per_choice.saturating_mul(self.choices.unwrap_or(1).max(1)))
+        let per_completion = self.max_tokens?;
+        Some(per_completion.saturating_mul(self.completions()))
     }
 }
 
@@ -346,7 +357,10 @@ impl<'de> Shape<'de> for Top<'_> {
                         "prompt"
                     };
                     first_time(&mut seen.required, p, || field.into())?;
-                    map.next_value_seed(Check(Input { problem: p, field }))?;
+                    let prompts = map.next_value_seed(Check(Input { problem: p, field }))?;
+                    if endpoint == Endpoint::Completions {
+                        found.prompts = Some(prompts);
+                    }
                 }
                 // Caps on what the request may generate, read for budget reservations.
                 (name, e) if openai_classic(e) && COUNTS.contains(&name) => {
@@ -414,6 +428,7 @@ struct Seen {
     /// Responses' `input` and `prompt` members, even when `null`.
     input: bool,
     prompt: bool,
+    background: bool,
 }
 
 /// The token of the top-level member `name` of a body `scan` found valid (its key compared

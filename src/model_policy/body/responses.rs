@@ -1,5 +1,6 @@
 //! The members of an OpenAI Responses body the gateway reads: `input` (a string or an array
-//! of items), a stored `prompt` that may stand in for it, and `max_output_tokens`.
+//! of items), a stored `prompt` that may stand in for it, `max_output_tokens`, and whether it
+//! runs in the `background` (which a budget cannot follow).
 
 use serde::de::{self, MapAccess, SeqAccess};
 
@@ -23,6 +24,10 @@ pub(super) fn member<'de, A: MapAccess<'de>>(
         "prompt" => {
             first_time(&mut seen.prompt, p, || "prompt".into())?;
             seen.alternative = map.next_value_seed(Check(Present(p)))?;
+        }
+        "background" => {
+            first_time(&mut seen.background, p, || "background".into())?;
+            found.background = map.next_value_seed(Check(IsTrue(p)))?;
         }
         "max_output_tokens" => {
             let field = "max_output_tokens";
@@ -120,5 +125,42 @@ impl<'de> Shape<'de> for Present<'_> {
     fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
         while map.next_entry_seed(Skip, Skip)?.is_some() {}
         Ok(true)
+    }
+}
+
+/// Any value, skipped; its value: whether it is `true` (its type is the upstream's to judge).
+struct IsTrue<'p>(&'p Problem);
+
+impl<'de> Shape<'de> for IsTrue<'_> {
+    type Value = bool;
+
+    fn problem(&self) -> &Problem {
+        self.0
+    }
+    fn wrong_type(&self) -> String {
+        "background must be a boolean".into()
+    }
+    fn boolean<E: de::Error>(self, value: bool) -> Result<bool, E> {
+        Ok(value)
+    }
+    fn string<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn integer<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn float<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn null<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        while seq.next_element_seed(Skip)?.is_some() {}
+        Ok(false)
+    }
+    fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        while map.next_entry_seed(Skip, Skip)?.is_some() {}
+        Ok(false)
     }
 }
