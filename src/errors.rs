@@ -13,6 +13,9 @@ pub enum GatewayError {
     InvalidBody,
     Unauthorized,
     Forbidden,
+    /// A caller with a token budget called an endpoint the gateway does not meter (or a
+    /// Responses request in the background); the message names the path.
+    EndpointNotMetered,
     NotFound,
     MethodNotAllowed,
     /// A body the gateway reads whole did not arrive within `buffered_body_timeout_seconds`.
@@ -55,7 +58,7 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest(_) | GatewayError::InvalidBody => 400,
             GatewayError::Unauthorized => 401,
-            GatewayError::Forbidden => 403,
+            GatewayError::Forbidden | GatewayError::EndpointNotMetered => 403,
             GatewayError::NotFound => 404,
             GatewayError::MethodNotAllowed => 405,
             GatewayError::RequestTimeout => 408,
@@ -102,6 +105,9 @@ impl GatewayError {
             GatewayError::Unauthorized => br#"{"error":"unauthorized"}"#,
             GatewayError::Forbidden => {
                 br#"{"error":"forbidden","message":"the token lacks the scope this service requires"}"#
+            }
+            GatewayError::EndpointNotMetered => {
+                br#"{"error":"endpoint_not_metered","message":"the gateway does not meter this endpoint, and the caller has a token budget"}"#
             }
             GatewayError::NotFound => br#"{"error":"not_found"}"#,
             GatewayError::MethodNotAllowed => {
@@ -169,6 +175,7 @@ impl GatewayError {
             GatewayError::BadRequest(_) | GatewayError::InvalidBody => "bad_request",
             GatewayError::Unauthorized => "unauthorized",
             GatewayError::Forbidden => "forbidden",
+            GatewayError::EndpointNotMetered => "endpoint_not_metered",
             GatewayError::NotFound => "not_found",
             GatewayError::MethodNotAllowed => "method_not_allowed",
             GatewayError::RequestTimeout => "request_timeout",

@@ -132,7 +132,7 @@ impl Metrics {
         let usage_unread = IntCounterVec::new(
             Opts::new(
                 "portcullis_usage_unread_total",
-                "Successful responses on api = \"openai\" services whose usage could not be read, by service and reason (encoding, missing, abandoned).",
+                "Successful responses on api = \"openai\" services whose usage could not be read, by service and reason (encoding, missing, abandoned, implausible: a count over 2^32).",
             ),
             &["service", "reason"],
         )

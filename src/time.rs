@@ -12,8 +12,8 @@ pub fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
-/// The clock a component reads "now" from: the system's, or in tests one set by hand, so no
-/// test depends on today's date. Cloned handles of a fixed clock share its time.
+/// The clock a component reads "now" from: the system's, or in tests a fixed one, so no
+/// test depends on today's date.
 #[derive(Clone, Debug, Default)]
 pub struct Clock(Option<std::sync::Arc<std::sync::atomic::AtomicI64>>);
 
@@ -23,18 +23,10 @@ impl Clock {
         Clock(None)
     }
 
-    /// A clock standing at `secs` until `set` moves it.
+    /// A clock standing still at `secs`.
     #[cfg(test)]
     pub fn fixed(secs: i64) -> Clock {
         Clock(Some(std::sync::Arc::new(secs.into())))
-    }
-
-    /// Moves a fixed clock (the system clock ignores it).
-    #[cfg(test)]
-    pub fn set(&self, secs: i64) {
-        if let Some(t) = &self.0 {
-            t.store(secs, std::sync::atomic::Ordering::Relaxed);
-        }
     }
 
     /// Now, in unix seconds.

@@ -257,9 +257,10 @@ impl Budgets {
     /// (a service without `api`), so no tokens are charged either.
     pub fn ask(&self, body_bytes: u64, completion_cap: Option<u64>, reads_usage: bool) -> Ask {
         let tokens = match self.settings.enforcement {
-            Enforcement::Reserve if reads_usage => body_bytes
-                .div_ceil(self.settings.prompt_bytes_per_token)
-                .saturating_add(completion_cap.unwrap_or(self.settings.default_max_tokens)),
+            Enforcement::Reserve if reads_usage => {
+                let (prompt, completion) = self.worst_case(body_bytes, completion_cap);
+                prompt.saturating_add(completion)
+            }
             _ => 0,
         };
         Ask {
@@ -283,6 +284,15 @@ impl Budgets {
         };
         self.of(principal)
             .is_some_and(|both| both.iter().flatten().any(|(_, b)| limits(b)))
+    }
+
+    /// A request's worst case as (prompt estimate, completion cap): what it reserves, and
+    /// what it is charged when its usage cannot be read.
+    pub fn worst_case(&self, body_bytes: u64, completion_cap: Option<u64>) -> (u64, u64) {
+        (
+            body_bytes.div_ceil(self.settings.prompt_bytes_per_token),
+            completion_cap.unwrap_or(self.settings.default_max_tokens),
+        )
     }
 
     /// The budgets that apply to `principal` (its key's, its owner's), or None when neither

@@ -198,6 +198,10 @@ pub struct Service {
     /// `openai` or `anthropic`: the gateway reads the bodies of that API's endpoints.
     pub api: Option<String>,
     pub models: Option<Models>,
+    /// Paths (after the service prefix) a caller with a token budget may call although the
+    /// gateway does not meter them.
+    #[serde(default)]
+    pub unmetered_paths: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

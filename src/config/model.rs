@@ -170,6 +170,9 @@ pub struct ServiceConfig {
     /// Set by `api` (`openai` or `anthropic`): the bodies of that API's endpoints are
     /// validated and the model policy applied. `None`: bodies are never read.
     pub models: Option<Models>,
+    /// `unmetered_paths`: forwarded paths (and what is below them) a caller with a token
+    /// budget may call on this `api` service although nothing there is metered.
+    pub unmetered_paths: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -111,6 +111,28 @@ impl Validator<'_> {
             }
         }
         let models = self.model_policy(&key, s.api.as_deref(), s.models);
+        let pkey = format!("{key}.unmetered_paths");
+        if models.is_none() && !s.unmetered_paths.is_empty() {
+            self.problem(
+                &pkey,
+                "needs `api`: without it no path is metered or refused",
+            );
+        }
+        for path in &s.unmetered_paths {
+            let well_formed = path.starts_with('/')
+                && path.len() > 1
+                && !path.ends_with('/')
+                && !path
+                    .bytes()
+                    .any(|b| b == b'?' || b == b'#' || b.is_ascii_control());
+            if !well_formed {
+                let why = format!(
+                    "{} is not a path like \"/v1/files\" (a leading `/`, no trailing `/`, no query)",
+                    one_line(path)
+                );
+                self.problem(&pkey, why);
+            }
+        }
         Some(ServiceConfig {
             name,
             scope: scope?,
@@ -123,6 +145,7 @@ impl Validator<'_> {
             rate_limit_per_minute: s.rate_limit_per_minute,
             ca_certs,
             models,
+            unmetered_paths: s.unmetered_paths,
         })
     }
 

@@ -478,3 +478,38 @@ fn prefix_affinity_takes_a_load_factor_over_one() {
         "{p}"
     );
 }
+
+#[test]
+fn unmetered_paths_and_unstated_cap_are_checked_naming_the_key() {
+    let p = problems(&format!("{MINIMAL}unmetered_paths = [\"/v1/files\"]\n"));
+    assert!(
+        p.contains("services.infer.unmetered_paths: needs `api`"),
+        "{p}"
+    );
+    let p = problems(&format!(
+        "{MINIMAL}api = \"openai\"\nunmetered_paths = [\"v1/files\", \"/x/\", \"/y?z\"]\n"
+    ));
+    assert_eq!(
+        p.matches("services.infer.unmetered_paths:").count(),
+        3,
+        "{p}"
+    );
+    let with = |budgets: &str| {
+        format!("{MINIMAL}[auth.api_keys]\ndatabase = \"sqlite://k.db\"\n[budgets]\n{budgets}\n")
+    };
+    let p = problems(&with("unstated_cap = \"guess\""));
+    assert!(
+        p.contains("budgets.unstated_cap: \"guess\" is not one of"),
+        "{p}"
+    );
+    let p = problems(&with("default_max_tokens = 0"));
+    assert!(
+        p.contains("budgets.default_max_tokens: must be at least 1"),
+        "{p}"
+    );
+    let c = parse(&format!(
+        "{MINIMAL}api = \"openai\"\nunmetered_paths = [\"/v1/files\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(c.services[0].unmetered_paths, ["/v1/files"]);
+}

@@ -60,14 +60,12 @@ pub(super) fn well_shaped(endpoint: Endpoint, body: &Map<String, Value>) -> bool
             let messages = endpoint == Endpoint::Messages;
             let message = |m: &Value| {
                 m.as_object().is_some_and(|m| {
-                    matches!(
-                        m.get("role").and_then(Value::as_str),
-                        Some("user" | "assistant")
-                    ) && match m.get("content") {
-                        Some(Value::String(_)) => true,
-                        Some(Value::Array(blocks)) => blocks.iter().all(Value::is_object),
-                        _ => false,
-                    }
+                    m.get("role").is_some_and(Value::is_string)
+                        && match m.get("content") {
+                            Some(Value::String(_)) => true,
+                            Some(Value::Array(blocks)) => blocks.iter().all(Value::is_object),
+                            _ => false,
+                        }
                 })
             };
             let max_tokens = body.get("max_tokens").and_then(Value::as_u64);

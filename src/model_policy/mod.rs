@@ -228,6 +228,10 @@ impl<'m> Edit<'m> {
 pub struct BodyError(String);
 
 impl BodyError {
+    pub fn new(message: String) -> BodyError {
+        BodyError(message)
+    }
+
     pub fn message(&self) -> &str {
         &self.0
     }

@@ -43,9 +43,14 @@ impl Gateway {
             ctx.budget_decided = true;
             return Ok(());
         };
-        let ask = match &ctx.exchange {
+        let ask = match &mut ctx.exchange {
             Some(exchange) => match exchange.ask {
-                Some((bytes, cap)) => budgets.ask(bytes, cap, true),
+                Some((bytes, cap)) => {
+                    // Charged in full should its usage go unread.
+                    let (prompt, completion) = budgets.worst_case(bytes, cap);
+                    exchange.metered.charge_if_unread(prompt, completion);
+                    budgets.ask(bytes, cap, true)
+                }
                 // A body held until complete: decided when it is.
                 None => return Ok(()),
             },

@@ -72,8 +72,10 @@ pub struct Exchange {
     body: Body,
     /// The model after the policy, as the access log shows it (cut to 256 bytes).
     pub model: Option<String>,
-    /// Set when the body was refused; told to the client in the 400.
+    /// Set when the body was refused; told to the client in the 400 (or 403).
     pub error: Option<BodyError>,
+    /// How a refused body is answered: 400, or 403 for a background Responses request.
+    refused_as: GatewayError,
     /// The response's usage, read as it passes.
     pub metered: Metered,
     /// What the budgets need once the body is checked: its size, and the completion tokens
@@ -125,6 +127,7 @@ impl Exchange {
     ) -> Result<(Exchange, Next)> {
         let mut exchange = Exchange {
             capped: cap.is_some(),
+            refused_as: GatewayError::InvalidBody,
             endpoint,
             body: Body::Original,
             model: None,
@@ -250,7 +253,7 @@ impl Exchange {
     /// Applies the policy to a body read ahead: a changed body is a new copy.
     fn apply(&mut self, body: &[u8], models: &Models, cap: Option<&CapRule>) -> Next {
         let Some(edit) = self.plan(body, models, cap) else {
-            return Next::Refuse(GatewayError::InvalidBody);
+            return Next::Refuse(self.refused_as);
         };
         if let Some(edit) = edit {
             self.body = Body::Replaced(Bytes::from(edit.applied_to(body)));
@@ -268,6 +271,16 @@ impl Exchange {
     ) -> Option<Option<Edit<'m>>> {
         let cap = cap.filter(|_| self.capped);
         match model_policy::plan_capped(self.endpoint, body, models, cap) {
+            // Generated server-side and fetched by calls the gateway does not meter.
+            Ok(plan) if plan.background && self.capped => {
+                self.refused_as = GatewayError::EndpointNotMetered;
+                self.error = Some(BodyError::new(
+                    "a background response is not metered by the gateway, and this caller has \
+                     a token budget: send it without \"background\": true"
+                        .into(),
+                ));
+                None
+            }
             Ok(plan) => {
                 // The access log is the name's only reader: only what it shows is copied.
                 self.model = plan.model.map(|m| access_log::model_name(&m).to_owned());
@@ -350,7 +363,7 @@ impl Exchange {
     /// one: the 400 of a refused body, or the 408 of a held body that did not arrive in time.
     pub fn failure(&self, e: &Error) -> Option<GatewayError> {
         if self.error.is_some() {
-            return Some(GatewayError::InvalidBody);
+            return Some(self.refused_as);
         }
         let client_too_slow =
             *e.etype() == ErrorType::ReadTimedout && *e.esource() == ErrorSource::Downstream;

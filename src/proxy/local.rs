@@ -8,7 +8,7 @@ use pingora::proxy::{FailToProxy, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use super::budgeted::quota_headers;
-use super::RequestCtx;
+use super::{unmetered, RequestCtx};
 use crate::budgets::Refusal;
 use crate::errors::{write_local, GatewayError};
 
@@ -37,14 +37,14 @@ pub async fn reject(session: &mut Session, ctx: &mut RequestCtx, e: GatewayError
     }
     let head_only = session.req_header().method == Method::HEAD;
     ctx.local_status = Some(e.status());
-    let message = ctx.exchange.as_ref().and_then(|x| x.error.as_ref());
-    e.respond_with_message(
-        session,
-        ctx.request_id.as_str(),
-        head_only,
-        message.map(|m| m.message()),
-    )
-    .await?;
+    let not_metered = (e == GatewayError::EndpointNotMetered && ctx.exchange.is_none())
+        .then(|| unmetered::refusal_message(&session.req_header().raw_path()[ctx.forward_from..]));
+    let message = match &not_metered {
+        Some(m) => Some(m.as_str()),
+        None => (ctx.exchange.as_ref().and_then(|x| x.error.as_ref())).map(|m| m.message()),
+    };
+    e.respond_with_message(session, ctx.request_id.as_str(), head_only, message)
+        .await?;
     Ok(true)
 }
 

@@ -38,7 +38,14 @@ pub struct Metered {
     event_stream: bool,
     strip: Option<UsageStripper>,
     charged: Option<Charged>,
+    /// A budgeted request's worst case (prompt estimate, completion cap): what a successful
+    /// answer whose usage goes unread is charged.
+    worst_case: Option<(u64, u64)>,
 }
+
+/// The most tokens of one kind a single request is believed to use; a count above it is the
+/// upstream's error (or a lie), charged as if no usage came.
+pub const IMPLAUSIBLE: u64 = 1 << 32;
 
 impl Metered {
     /// The request body as it was checked: its size, and whether the gateway asked for the
@@ -65,6 +72,11 @@ impl Metered {
         let codings = http::HeaderValue::from_static(codings);
         upstream.insert_header(http::header::ACCEPT_ENCODING, codings)?;
         Ok(())
+    }
+
+    /// The budgeted request's worst case, charged should its usage go unread.
+    pub fn charge_if_unread(&mut self, prompt: u64, completion: u64) {
+        self.worst_case = Some((prompt, completion));
     }
 
     /// Starts reading the response, if its coding can be read. A stream the gateway takes
@@ -131,11 +143,15 @@ impl Metered {
     /// when the exchange ended in an error (the client left, the upstream failed). Returns
     /// why a successful response's usage was not read, if it was not.
     ///
-    /// A stream without a usage report is charged an estimate: one completion token per
-    /// streamed event that carried a JSON object (OpenAI-compatible servers stream a token
-    /// per chunk), and a prompt of a token per 4 bytes of the request body. A stream cut
-    /// after its opening report only (Messages states its usage at the start, and its output
-    /// again at the end) is charged at least a token per event.
+    /// A successful answer whose usage cannot be read (none reported, an unreadable coding, a
+    /// client gone before the report, a count over [`IMPLAUSIBLE`]) is charged, when the
+    /// request was budgeted, its whole worst case: hidden reasoning is never visible in the
+    /// stream, so what was seen is no bound. Otherwise a stream is charged an estimate: one
+    /// completion token per streamed event that carried a JSON object (OpenAI-compatible
+    /// servers stream a token per chunk), and a prompt of a token per 4 bytes of the request
+    /// body. A stream cut after its opening report only (Messages states its usage at the
+    /// start, and its output again at the end) is charged at least a token per event, or the
+    /// completion cap when budgeted.
     pub fn settle(&mut self, status: u16, cut: bool) -> Option<&'static str> {
         if self.free {
             // A token count: a request in the ledger, never tokens, and nothing to read.
@@ -151,13 +167,15 @@ impl Metered {
             return None;
         }
         let read = self.scanner.as_ref().and_then(UsageScanner::usage);
-        if let Some(mut usage) = read {
+        let implausible = read.is_some_and(|u| implausible(&u));
+        if let Some(mut usage) = read.filter(|_| !implausible) {
             let scanner = self.scanner.as_ref();
             let events = scanner.map_or(0, UsageScanner::events);
             let short = scanner.is_some_and(UsageScanner::opening_only)
-                && usage.completion_tokens.is_none_or(|n| n < events);
+                && usage.completion_tokens.is_none_or(|n| n < events || cut);
             if short {
-                usage.completion_tokens = Some(events);
+                let floor = self.worst_case.map_or(events, |(_, cap)| cap.max(events));
+                usage.completion_tokens = Some(floor);
             }
             self.charged = Some(Charged {
                 usage,
@@ -166,25 +184,36 @@ impl Metered {
             return None;
         }
         if !(200..300).contains(&status) {
-            return None;
+            return implausible.then_some("implausible");
         }
-        if self.unreadable {
-            return Some("encoding");
+        let reason = if implausible {
+            "implausible"
+        } else if self.unreadable {
+            "encoding"
+        } else if cut && self.event_stream {
+            "abandoned"
+        } else {
+            "missing"
+        };
+        let estimate = match (self.worst_case, &self.scanner) {
+            (Some((prompt, completion)), _) => Some((prompt, completion)),
+            (None, Some(scanner)) if self.event_stream => {
+                Some((self.request_bytes.div_ceil(4) as u64, scanner.events()))
+            }
+            _ => None,
+        };
+        if let Some((prompt, completion)) = estimate {
+            self.charged = Some(Charged {
+                usage: Usage {
+                    prompt_tokens: Some(prompt),
+                    completion_tokens: Some(completion),
+                    reasoning_tokens: None,
+                    cached_tokens: None,
+                },
+                estimated: true,
+            });
         }
-        let scanner = self.scanner.as_ref()?;
-        if !self.event_stream {
-            return Some("missing");
-        }
-        self.charged = Some(Charged {
-            usage: Usage {
-                prompt_tokens: Some(self.request_bytes.div_ceil(4) as u64),
-                completion_tokens: Some(scanner.events()),
-                reasoning_tokens: None,
-                cached_tokens: None,
-            },
-            estimated: true,
-        });
-        Some(if cut { "abandoned" } else { "missing" })
+        Some(reason)
     }
 
     /// What the exchange was charged, once settled.
@@ -223,6 +252,19 @@ fn readable_codings(client: Option<&[u8]>) -> &'static str {
         (false, true) => "deflate",
         (false, false) => "identity",
     }
+}
+
+/// A count no single request uses: the upstream's usage is not believed.
+fn implausible(u: &Usage) -> bool {
+    [
+        u.prompt_tokens,
+        u.completion_tokens,
+        u.reasoning_tokens,
+        u.cached_tokens,
+    ]
+    .into_iter()
+    .flatten()
+    .any(|n| n > IMPLAUSIBLE)
 }
 
 #[cfg(test)]

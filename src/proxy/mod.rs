@@ -11,6 +11,7 @@ mod local;
 mod metered;
 mod record;
 mod route;
+mod unmetered;
 pub(crate) mod upstream;
 
 use std::sync::Arc;
@@ -157,10 +158,22 @@ impl Gateway {
                 }
             }
         }
+        let forward_from = req.raw_path().len() - forward.len();
+        let endpoint =
+            (route.models()).and_then(|models| Endpoint::of(models.api(), &req.method, forward));
+        // 4a. Metered only: a caller with a token budget generates nothing the meter misses.
+        let settings = &route.settings;
+        if settings.models.is_some()
+            && endpoint.is_none()
+            && !unmetered::allowed(&settings.unmetered_paths, &req.method, forward)
+            && (self.budgets.as_ref()).is_some_and(|b| b.limits_tokens(&principal))
+        {
+            ctx.forward_from = forward_from;
+            return Decision::Reject(GatewayError::EndpointNotMetered);
+        }
         Decision::Proxy {
-            forward_from: req.raw_path().len() - forward.len(),
-            endpoint: (route.models())
-                .and_then(|models| Endpoint::of(models.api(), &req.method, forward)),
+            forward_from,
+            endpoint,
         }
     }
 }

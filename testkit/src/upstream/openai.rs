@@ -275,15 +275,18 @@ pub(super) async fn completion(
     endpoint: Endpoint,
 ) -> bool {
     let (body, model) = model_of(req);
-    if body.get("stream") != Some(&Value::Bool(true)) {
-        return write_json(conn, req, &json_answer(endpoint, &model)).await;
+    let streamed = body.get("stream") == Some(&Value::Bool(true));
+    let usage = reported_usage(req, &body, endpoint.usage(streamed));
+    if !streamed {
+        return write_json(conn, req, &json_answer_with(endpoint, &model, usage)).await;
     }
     let include_usage = body.pointer("/stream_options/include_usage") == Some(&Value::Bool(true));
-    let events = sse_events(
+    let events = sse_events_with(
         endpoint,
         &model,
         query_param(&req.target, "n", 3),
         include_usage,
+        usage,
     );
     let pacing = Pacing {
         gap: Duration::from_millis(query_param(&req.target, "gap_ms", 50)),
@@ -296,17 +299,87 @@ pub(super) async fn completion(
     stream(conn, coding::for_request(req), &events, &pacing, &log).await
 }
 
+/// The usage a request's answer reports, `stated` unless its query says otherwise (for tests
+/// of a gateway that must not take the upstream's word): `?usage=none` reports none at all,
+/// `?usage=cap` a completion as long as the request allowed (its `max_completion_tokens` or
+/// `max_tokens`, else 100,000, times its `n` and its prompts, as a model server generates),
+/// and `?prompt_tokens=P&completion_tokens=C&reasoning_tokens=R` those counts.
+fn reported_usage(req: &Hit, body: &Value, stated: Usage) -> Option<Usage> {
+    let mode = (req
+        .target
+        .split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or_default())
+    .split('&')
+    .find_map(|kv| kv.strip_prefix("usage="));
+    let count = |name: &str, default: u64| query_param(&req.target, name, default);
+    match mode {
+        Some("none") => None,
+        Some("cap") => {
+            let num = |name: &str| body.get(name).and_then(Value::as_u64);
+            let cap = (num("max_completion_tokens").or(num("max_tokens"))).unwrap_or(100_000);
+            let choices = num("n").max(num("best_of")).unwrap_or(1).max(1);
+            let prompts = match body.get("prompt") {
+                Some(Value::Array(items)) if items.first().is_some_and(|i| !i.is_number()) => {
+                    items.len() as u64
+                }
+                _ => 1,
+            };
+            let completion = cap * choices * prompts;
+            Some(Usage {
+                prompt: 21,
+                completion,
+                // Hidden: never streamed, as an o-series model's.
+                reasoning: completion / 2,
+                cached: 0,
+            })
+        }
+        _ if !req.target.contains("_tokens=") => Some(stated),
+        _ => Some(Usage {
+            prompt: count("prompt_tokens", stated.prompt),
+            completion: count("completion_tokens", stated.completion),
+            // Non-zero, so the report keeps its completion count (`Usage::json`).
+            reasoning: count("reasoning_tokens", stated.reasoning.max(1)),
+            cached: stated.cached,
+        }),
+    }
+}
+
 /// The JSON answer; `model` as JSON text.
 fn json_answer(endpoint: Endpoint, model: &str) -> String {
+    json_answer_with(endpoint, model, Some(endpoint.usage(false)))
+}
+
+fn json_answer_with(endpoint: Endpoint, model: &str, usage: Option<Usage>) -> String {
     let mut fields = endpoint.head(false, model);
     let choice = endpoint.choice(false, TRAP, true, Some("stop"));
     fields.push(("choices", format!("[{choice}]")));
-    fields.push(("usage", endpoint.usage(false).json()));
+    if let Some(usage) = usage {
+        fields.push(("usage", usage.json()));
+    }
     object(&fields)
 }
 
 /// The stream's events, `data: [DONE]` last; `model` as JSON text.
 fn sse_events(endpoint: Endpoint, model: &str, n: u64, include_usage: bool) -> Vec<String> {
+    sse_events_with(
+        endpoint,
+        model,
+        n,
+        include_usage,
+        Some(endpoint.usage(true)),
+    )
+}
+
+/// As `sse_events`, reporting `usage` when asked (`None`: a server that never reports it).
+fn sse_events_with(
+    endpoint: Endpoint,
+    model: &str,
+    n: u64,
+    include_usage: bool,
+    usage: Option<Usage>,
+) -> Vec<String> {
+    let include_usage = include_usage && usage.is_some();
     let mut events: Vec<String> = (0..n)
         .map(|i| {
             let finish = (i + 1 == n).then_some("stop");
@@ -322,7 +395,7 @@ fn sse_events(endpoint: Endpoint, model: &str, n: u64, include_usage: bool) -> V
     if include_usage {
         let mut fields = endpoint.head(true, model);
         fields.push(("choices", "[]".into()));
-        fields.push(("usage", endpoint.usage(true).json()));
+        fields.push(("usage", usage.unwrap_or_default().json()));
         events.push(format!("data: {}\n\n", object(&fields)));
     }
     events.push("data: [DONE]\n\n".to_string());

@@ -9,6 +9,7 @@
 
 mod fleet;
 mod single;
+mod worst_case;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,8 @@ pub struct Setup<'a> {
     pub rate_limit_per_minute: Option<u64>,
     /// `max_request_body_bytes`, when not the test kit's.
     pub max_body: Option<u64>,
+    /// Lines added to the `chat` service's table.
+    pub chat_lines: &'a str,
 }
 
 impl Fixture {
@@ -69,7 +72,9 @@ impl Fixture {
                 "[admin]\nlisten = \"127.0.0.1:{port}\"\nrequests_per_minute = 10000\n"
             ));
         }
-        let mut chat = Service::new("chat", self.up.url("/oa/chat")).openai();
+        let mut chat = Service::new("chat", self.up.url("/oa/chat"))
+            .openai()
+            .lines(setup.chat_lines);
         let mut plain = Service::new("plain", self.up.url("/plain"));
         if let Some(n) = setup.rate_limit_per_minute {
             chat = chat.rate_limit_per_minute(n);
