@@ -89,7 +89,10 @@ impl Ledger {
         };
         runtime.block_on(async {
             let mut writer = Writer::default();
-            let mut tick = tokio::time::interval(self.every);
+            // The first tick one period after start: an immediate one would race a test's
+            // (or a stop's) own flush of the same rows and count a failed write twice.
+            let first = tokio::time::Instant::now() + self.every;
+            let mut tick = tokio::time::interval_at(first, self.every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let reply = tokio::select! {
