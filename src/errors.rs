@@ -26,6 +26,9 @@ pub enum GatewayError {
     /// The key's or its owner's budget has no room for the request; the seconds until the
     /// window ends go in `Retry-After`, the window's name in the message.
     BudgetExceeded(u64),
+    /// The caller has a budget but its counters could not be seeded from the ledger yet (the
+    /// key store did not answer at start-up): nothing is decided on unseeded counters.
+    BudgetUnavailable,
     BadGateway,
     /// The memory for bodies read whole (`buffered_bodies_max_bytes`) is taken; with
     /// `Retry-After`.
@@ -65,7 +68,7 @@ impl GatewayError {
             GatewayError::PayloadTooLarge => 413,
             GatewayError::RateLimited(_) | GatewayError::BudgetExceeded(_) => 429,
             GatewayError::BadGateway => 502,
-            GatewayError::Overloaded => 503,
+            GatewayError::Overloaded | GatewayError::BudgetUnavailable => 503,
             GatewayError::GatewayTimeout => 504,
             GatewayError::Internal => 500,
         }
@@ -131,6 +134,9 @@ impl GatewayError {
             GatewayError::Overloaded => {
                 br#"{"error":"overloaded","message":"the gateway is holding as many request bodies as it may; see Retry-After"}"#
             }
+            GatewayError::BudgetUnavailable => {
+                br#"{"error":"budget_unavailable","message":"the caller's budget cannot be checked until the key store answers; see Retry-After"}"#
+            }
             GatewayError::GatewayTimeout => {
                 br#"{"error":"gateway_timeout","message":"the upstream did not answer in time"}"#
             }
@@ -184,6 +190,7 @@ impl GatewayError {
             GatewayError::BudgetExceeded(_) => "budget_exceeded",
             GatewayError::BadGateway => "bad_gateway",
             GatewayError::Overloaded => "overloaded",
+            GatewayError::BudgetUnavailable => "budget_unavailable",
             GatewayError::GatewayTimeout => "gateway_timeout",
             GatewayError::Internal => "internal_error",
         }
@@ -241,7 +248,7 @@ impl GatewayError {
             GatewayError::RateLimited(seconds) | GatewayError::BudgetExceeded(seconds) => {
                 header.insert_header("retry-after", seconds)?
             }
-            GatewayError::Overloaded => {
+            GatewayError::Overloaded | GatewayError::BudgetUnavailable => {
                 header.insert_header("retry-after", OVERLOADED_RETRY_AFTER)?
             }
             _ => {}

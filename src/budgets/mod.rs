@@ -15,6 +15,7 @@ mod sync;
 pub mod window;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -193,6 +194,9 @@ pub struct Budgets {
     store: Arc<dyn KeyStore>,
     /// The windows' clock, for seeding as for requests: a test's stays on its fixed day.
     clock: Clock,
+    /// The counters were seeded from the ledger: until then no budget is decided (a restart
+    /// must not forget what was spent), and the poller retries the seed.
+    seeded: AtomicBool,
     /// `portcullis_budget_rejections_total{service, window}`.
     rejections: IntCounterVec,
 }
@@ -228,6 +232,7 @@ impl Budgets {
             shared: redis.map(Shared::new),
             store,
             clock: Clock::system(),
+            seeded: AtomicBool::new(false),
             rejections,
         }
     }
@@ -237,6 +242,11 @@ impl Budgets {
     pub fn with_clock(mut self, clock: Clock) -> Budgets {
         self.clock = clock;
         self
+    }
+
+    /// Whether the counters were seeded from the ledger, so budgets can be decided.
+    pub fn is_seeded(&self) -> bool {
+        self.seeded.load(Ordering::Acquire)
     }
 
     /// Now, on the budgets' clock: the time a request is reserved at.

@@ -6,6 +6,7 @@
 //! and every `RESEED` while Redis is down (so per-process counting sees the fleet's flushed
 //! usage).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use pingora::services::background::BackgroundService;
 use super::shared::{counter_key, expiry};
 use super::window::{Kind, Windows};
 use super::{Budgets, Table, Who};
-use crate::auth::api_keys::{BudgetChange, KeyStore, StoreError, Subject};
+use crate::auth::api_keys::{Budget, BudgetChange, KeyStore, StoreError, Subject, WindowUsage};
 
 /// How often the store is asked for budget changes.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -54,11 +55,28 @@ impl Budgets {
             .count();
         self.table.store(Arc::new(table));
         self.seed_all(store, false).await?;
+        self.seeded.store(true, Ordering::Release);
         Ok(n)
     }
 
     /// One tick: budget changes, then whatever seeding Redis's state calls for.
     pub async fn poll(&self, state: &mut SyncState) {
+        // A start-up load or seed that failed is retried until it succeeds: until then no
+        // budget is decided (requests of budgeted callers get 503 budget_unavailable).
+        if !self.is_seeded() {
+            match self.load(&*self.store, state).await {
+                Ok(n) => log::warn!(
+                    "budgets: {n} key and owner budget(s) loaded and seeded from the ledger;                      budgets are decided again"
+                ),
+                Err(e) => {
+                    if !state.store_down {
+                        state.store_down = true;
+                        log::warn!("budgets: cannot seed budgets from the ledger ({e}); retrying");
+                    }
+                    return;
+                }
+            }
+        }
         let result = self.poll_changes(state).await;
         let result = match (result, &self.shared) {
             (Ok(()), Some(shared)) => {
@@ -104,12 +122,19 @@ impl Budgets {
         if changed.is_empty() {
             return Ok(());
         }
-        // Newly budgeted subjects start from what the ledger holds, before they are enforced.
-        let starts = Windows::at(self.clock.now()).starts;
-        for c in changed.iter().filter(|c| current.get(&c.subject).is_none()) {
-            let usage = self.store.window_usage(&c.subject, starts).await?;
-            self.local.seed(who(&c.subject), &starts, &usage);
+        // Subjects budgeted anew (never, or not since their budget was cleared: meanwhile
+        // nothing was counted) start from what the ledger holds, before they are enforced.
+        let windows = Windows::at(self.clock.now());
+        let anew = |c: &&&BudgetChange| {
+            !c.budget.is_empty() && current.get(&c.subject).is_none_or(|b| b.is_empty())
+        };
+        let mut seeds = Vec::new();
+        for c in changed.iter().filter(anew) {
+            let usage = self.store.window_usage(&c.subject, windows.starts).await?;
+            seeds.push((c.subject.clone(), c.budget, usage));
         }
+        // Shared counters too: one left from before a clear missed what was used meanwhile.
+        self.raise(&seeds, &windows, true).await;
         let mut table = Table::clone(&current);
         for c in &changed {
             table.set(&c.subject, c.budget);
@@ -125,17 +150,29 @@ impl Budgets {
         let windows = Windows::at(self.clock.now());
         let usage = store.all_window_usage(windows.starts).await?;
         let table = self.table.load_full();
+        let seeds: Vec<(Subject, Budget, WindowUsage)> = (usage.into_iter())
+            .filter_map(|(subject, used)| Some((subject.clone(), table.get(&subject)?, used)))
+            .collect();
+        self.raise(&seeds, &windows, shared).await;
+        Ok(())
+    }
+
+    /// Raises these subjects' counters to the ledger's values: this process's, and with
+    /// `shared` Redis's too (a missed raise is made up by the reservation's own seeding).
+    async fn raise(
+        &self,
+        seeds: &[(Subject, Budget, WindowUsage)],
+        windows: &Windows,
+        shared: bool,
+    ) {
         let mut keys = Vec::new();
         let mut floors = Vec::new();
-        for (subject, used) in &usage {
-            let Some(budget) = table.get(subject) else {
-                continue;
-            };
+        for (subject, budget, used) in seeds {
             let who = who(subject);
             self.local.seed(who, &windows.starts, used);
-            for kind in Kind::ALL.into_iter().filter(|k| k.limit(&budget).is_some()) {
+            for kind in Kind::ALL.into_iter().filter(|k| k.limit(budget).is_some()) {
                 keys.push(counter_key(who, kind, kind.start(&windows.starts)));
-                floors.push((kind.used(used), expiry(kind, &windows)));
+                floors.push((kind.used(used), expiry(kind, windows)));
             }
         }
         if let (true, Some(shared)) = (shared && !keys.is_empty(), &self.shared) {
@@ -144,7 +181,6 @@ impl Budgets {
                 shared.raise(keys, floors).await;
             }
         }
-        Ok(())
     }
 }
 

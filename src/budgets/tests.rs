@@ -23,6 +23,17 @@ use crate::time::{parse_date, Clock};
 struct Store {
     budgets: Mutex<Vec<BudgetChange>>,
     ledger: Mutex<HashMap<Subject, WindowUsage>>,
+    /// Ledger reads that fail before one succeeds (a store down at start-up).
+    failing_reads: std::sync::atomic::AtomicUsize,
+}
+
+impl Store {
+    fn read_fails(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.failing_reads)
+            .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
 }
 
 #[async_trait]
@@ -60,6 +71,9 @@ impl KeyStore for Store {
         &self,
         _: WindowStarts,
     ) -> Result<Vec<(Subject, WindowUsage)>, StoreError> {
+        if self.read_fails() {
+            return Err("the store is down".into());
+        }
         let ledger = self.ledger.lock().unwrap();
         Ok(ledger.iter().map(|(s, u)| (s.clone(), *u)).collect())
     }
@@ -385,4 +399,68 @@ async fn a_key_made_with_a_budget_is_held_to_it_before_the_poller_sees_it_and_a_
     store.set(Subject::Key("fresh".into()), Budget::default(), 9);
     b.poll(&mut SyncState::default()).await;
     assert!(b.reserve(&caller, ASK, noon()).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_failed_start_up_seed_is_retried_and_nothing_is_decided_meanwhile() {
+    let store = Arc::new(Store::default());
+    store.set(Subject::Key("k".into()), per_day(100), 1);
+    store.ledger.lock().unwrap().insert(
+        Subject::Key("k".into()),
+        WindowUsage {
+            day_tokens: 90,
+            ..Default::default()
+        },
+    );
+    store
+        .failing_reads
+        .store(2, std::sync::atomic::Ordering::Relaxed);
+    let b = Budgets::new(
+        settings(Enforcement::Reserve),
+        store.clone(),
+        None,
+        &Metrics::new(),
+        &["infer"],
+    )
+    .with_clock(Clock::fixed(noon()));
+    let mut state = SyncState::default();
+    assert!(b.load(&*store, &mut state).await.is_err());
+    assert!(
+        !b.is_seeded(),
+        "decided on counters that forgot the 90 spent"
+    );
+    b.poll(&mut state).await;
+    assert!(!b.is_seeded());
+    b.poll(&mut state).await;
+    assert!(b.is_seeded());
+    // 90 of 100 spent before the restart: 40 more do not fit.
+    assert!(b.reserve(&key("k", None), ASK, noon()).await.is_err());
+}
+
+#[tokio::test]
+async fn a_budget_cleared_and_set_again_starts_from_the_ledger() {
+    let store = Arc::new(Store::default());
+    store.set(Subject::Key("k".into()), per_day(100), 1);
+    let b = budgets(&store, None).await;
+    let caller = key("k", None);
+    let mut state = SyncState::default();
+    store.set(Subject::Key("k".into()), Budget::default(), 2);
+    b.poll(&mut state).await;
+    assert!(b.reserve(&caller, ASK, noon()).await.unwrap().is_none());
+    // Used while unbudgeted, as the ledger has it.
+    store.ledger.lock().unwrap().insert(
+        Subject::Key("k".into()),
+        WindowUsage {
+            day_tokens: 70,
+            ..Default::default()
+        },
+    );
+    store.set(Subject::Key("k".into()), per_day(100), 3);
+    b.poll(&mut state).await;
+    let refused = b.reserve(&caller, ASK, noon()).await.unwrap_err();
+    assert!(
+        refused.message.contains("has 30 of 100"),
+        "{}",
+        refused.message
+    );
 }

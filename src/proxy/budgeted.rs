@@ -23,6 +23,14 @@ const REQUESTS: [&str; 3] = [
     "x-ratelimit-reset-requests",
 ];
 
+/// Why a request may not go on for its budget.
+pub enum BudgetStop {
+    /// `429 budget_exceeded`.
+    Over(Box<Refusal>),
+    /// `503 budget_unavailable`: the counters are not seeded yet.
+    Unavailable,
+}
+
 impl Gateway {
     /// The completion cap a request of this caller must have: only with a token budget.
     pub(super) fn cap_rule(&self, ctx: &RequestCtx) -> Option<&CapRule> {
@@ -32,7 +40,7 @@ impl Gateway {
 
     /// Reserves the request's budget once what it asks is known: at once for a request
     /// whose body is not read, once the body is read for one that is. `Err`: refused.
-    pub(super) async fn reserve_budget(&self, ctx: &mut RequestCtx) -> Result<(), Box<Refusal>> {
+    pub(super) async fn reserve_budget(&self, ctx: &mut RequestCtx) -> Result<(), BudgetStop> {
         let (Some(budgets), Some(principal)) = (&self.budgets, &ctx.principal) else {
             return Ok(());
         };
@@ -43,6 +51,10 @@ impl Gateway {
             ctx.budget_decided = true;
             return Ok(());
         };
+        if !budgets.is_seeded() {
+            ctx.budget_decided = true;
+            return Err(BudgetStop::Unavailable);
+        }
         let ask = match &mut ctx.exchange {
             Some(exchange) => match exchange.ask {
                 Some((bytes, cap)) => {
@@ -64,7 +76,7 @@ impl Gateway {
             }
             Err(refusal) => {
                 budgets.rejected(self.service_label(ctx), refusal.kind);
-                Err(Box::new(refusal))
+                Err(BudgetStop::Over(Box::new(refusal)))
             }
         }
     }

@@ -84,8 +84,8 @@ pub struct RequestCtx {
     pub budget_decided: bool,
     /// What the request reserved of its budgets, settled when it ends.
     pub budget: Option<Box<crate::budgets::Reservation>>,
-    /// Why a held body's request was refused for its budget, for the 429.
-    pub budget_refusal: Option<Box<crate::budgets::Refusal>>,
+    /// Why a held body's request was refused for its budget, for the 429 (or 503).
+    pub budget_refusal: Option<super::budgeted::BudgetStop>,
 }
 
 impl Default for RequestCtx {

@@ -7,9 +7,8 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::{FailToProxy, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
-use super::budgeted::quota_headers;
+use super::budgeted::{quota_headers, BudgetStop};
 use super::{unmetered, RequestCtx};
-use crate::budgets::Refusal;
 use crate::errors::{write_local, GatewayError};
 
 pub async fn health(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
@@ -49,15 +48,21 @@ pub async fn reject(session: &mut Session, ctx: &mut RequestCtx, e: GatewayError
 }
 
 /// `429 budget_exceeded`, naming the window, with `Retry-After` and the window's
-/// `x-ratelimit-*` headers.
+/// `x-ratelimit-*` headers; or `503 budget_unavailable`.
 pub async fn over_budget(
     session: &mut Session,
     ctx: &mut RequestCtx,
-    refusal: &Refusal,
+    stop: &BudgetStop,
 ) -> Result<bool> {
     if !session.is_body_done() {
         session.set_keepalive(None);
     }
+    let refusal = match stop {
+        BudgetStop::Over(refusal) => refusal,
+        BudgetStop::Unavailable => {
+            return reject(session, ctx, GatewayError::BudgetUnavailable).await
+        }
+    };
     let e = GatewayError::BudgetExceeded(refusal.retry_after);
     ctx.local_status = Some(e.status());
     let head_only = session.req_header().method == Method::HEAD;
@@ -82,13 +87,13 @@ pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
     // returns (it reuses it only after an error before proxying), so the answer must say
     // `Connection: close`: a client told keep-alive would send its next request into a reset.
     session.set_keepalive(None);
-    if let Some(refusal) = ctx.budget_refusal.take() {
+    if let Some(stop) = ctx.budget_refusal.take() {
         // A held body's request, refused for its budget before any body byte went upstream.
-        if let Err(write_err) = over_budget(session, ctx, &refusal).await {
+        if let Err(write_err) = over_budget(session, ctx, &stop).await {
             log::debug!("could not send error response: {write_err}");
         }
         return FailToProxy {
-            error_code: 429,
+            error_code: ctx.local_status.unwrap_or(429),
             can_reuse_downstream: false,
         };
     }

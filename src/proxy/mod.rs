@@ -219,7 +219,7 @@ impl ProxyHttp for Gateway {
                 // 4b. Budget: the worst case reserved, or refused before anything is forwarded.
                 match self.reserve_budget(ctx).await {
                     Ok(()) => Ok(false),
-                    Err(refusal) => local::over_budget(session, ctx, &refusal).await,
+                    Err(stop) => local::over_budget(session, ctx, &stop).await,
                 }
             }
             Decision::Health => local::health(session, ctx).await,
@@ -245,8 +245,8 @@ impl ProxyHttp for Gateway {
             exchange.filter_body(session, body, end_of_stream, models, cap)?;
             // A held body is complete: its budget, before any of it is sent upstream.
             if end_of_stream && !ctx.budget_decided {
-                if let Err(refusal) = self.reserve_budget(ctx).await {
-                    ctx.budget_refusal = Some(refusal);
+                if let Err(stop) = self.reserve_budget(ctx).await {
+                    ctx.budget_refusal = Some(stop);
                     *body = None;
                     return Error::e_explain(ErrorType::HTTPStatus(429), "over budget");
                 }
