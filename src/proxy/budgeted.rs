@@ -90,7 +90,7 @@ impl Gateway {
         let tokens = charged.map_or(0, |c| {
             c.usage.prompt_tokens.unwrap_or(0) + c.usage.completion_tokens.unwrap_or(0)
         });
-        let forwarded = ctx.upstream_sent.is_some();
+        let forwarded = ctx.upstream_sent.is_some() && !ctx.refused_held;
         budgets.settle(*reservation, tokens, forwarded).await;
     }
 }

@@ -84,6 +84,10 @@ pub struct RequestCtx {
     pub budget_decided: bool,
     /// What the request reserved of its budgets, settled when it ends.
     pub budget: Option<Box<crate::budgets::Reservation>>,
+    /// The gateway refused the request after its head went upstream but before its body did
+    /// (a held body's 400, 403, 408, 413, 429 or 503): not a request of the ledger's, and its
+    /// `requests_per_day` comes back.
+    pub refused_held: bool,
     /// Why a held body's request was refused for its budget, for the 429 (or 503).
     pub budget_refusal: Option<super::budgeted::BudgetStop>,
 }
@@ -110,6 +114,7 @@ impl Default for RequestCtx {
             budget_decided: false,
             budget: None,
             budget_refusal: None,
+            refused_held: false,
         }
     }
 }

@@ -88,6 +88,7 @@ pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
     // `Connection: close`: a client told keep-alive would send its next request into a reset.
     session.set_keepalive(None);
     if let Some(stop) = ctx.budget_refusal.take() {
+        ctx.refused_held = true;
         // A held body's request, refused for its budget before any body byte went upstream.
         if let Err(write_err) = over_budget(session, ctx, &stop).await {
             log::debug!("could not send error response: {write_err}");
@@ -106,6 +107,16 @@ pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
             can_reuse_downstream: false,
         };
     };
+    // The gateway's own refusal of a held body: the upstream saw a head, never a request.
+    ctx.refused_held = matches!(
+        error,
+        GatewayError::InvalidBody
+            | GatewayError::EndpointNotMetered
+            | GatewayError::RequestTimeout
+            | GatewayError::PayloadTooLarge
+            | GatewayError::Overloaded
+            | GatewayError::BudgetUnavailable
+    ) && session.response_written().is_none();
     // Once a response has started, all that can be done is to cut it.
     if session.response_written().is_none() {
         let head_only = session.req_header().method == Method::HEAD;

@@ -62,11 +62,15 @@ pub fn access_line(
 }
 
 /// What the ledger charges for a finished request: every request of an authenticated caller
-/// that was routed and sent upstream, with the usage read from its response (0 when none).
+/// that was routed and sent upstream (not one the gateway refused before its body went), with
+/// the usage read from its response (0 when none).
 pub fn charge<'a>(ctx: &'a RequestCtx, service: &'a str) -> Option<Charge<'a>> {
     let principal = ctx.principal.as_deref()?;
     ctx.route?;
     ctx.upstream_sent?;
+    if ctx.refused_held {
+        return None;
+    }
     let charged = ctx.exchange.as_ref().and_then(|x| x.metered.charged());
     let usage = charged.map(|c| c.usage).unwrap_or_default();
     Some(Charge {

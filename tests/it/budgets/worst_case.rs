@@ -247,3 +247,27 @@ async fn usage_that_cannot_be_read_or_believed_is_charged_the_whole_reservation(
     assert_eq!(requests, 3);
     assert_eq!(used, 2 * reserved + streamed_reservation);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_before_its_body_went_upstream_is_not_a_ledger_request() {
+    let fx = Fixture::start().await;
+    let gw = fx.gateway(&Setup {
+        max_body: Some(1 << 20),
+        ..Setup::default()
+    });
+    let (k, id) = key(&gw, &["--requests-per-day", "2"]);
+    // Over 64 KiB, so held until complete: the upstream gets the head, then the gateway
+    // refuses the body. As every Claude Code request is held, each refusal must not count.
+    let pad = "x".repeat(80 * 1024);
+    let bad = json!({"model": "m", "messages": 7, "pad": pad}).to_string();
+    for _ in 0..3 {
+        assert_eq!(post(gw.port, &k, CHAT, &bad).0, 400);
+    }
+    let good = chat(false, json!({"max_tokens": 5, "pad": pad}));
+    assert_eq!(post(gw.port, &k, CHAT, &good).0, 200);
+    assert_eq!(post(gw.port, &k, CHAT, &good).0, 200);
+    let (_, requests) = tokio::task::block_in_place(|| ledger_of(&gw, &id));
+    assert_eq!(requests, 2, "refused requests were counted");
+    // The budget counted the two as well: the third is over requests_per_day.
+    assert_eq!(post(gw.port, &k, CHAT, &good).0, 429);
+}
