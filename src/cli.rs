@@ -2,6 +2,7 @@
 //! `owners budget` and `usage`.
 
 mod budgets;
+mod printable;
 mod usage;
 
 use std::collections::HashMap;
@@ -14,6 +15,7 @@ use crate::auth::api_keys::{self, Budget, KeyRecord};
 use crate::config::Config;
 use crate::server::{self, ServeOptions};
 use crate::time::{parse_lifetime, rfc3339, unix_now};
+use printable::printable;
 
 #[derive(Parser)]
 #[command(
@@ -201,9 +203,10 @@ fn keys(command: KeysCommand) -> Result<(), String> {
                     .map_err(|e| format!("cannot create the key: {e}"))?
                     .ok_or("cannot create the key: refused by the store")?;
                 println!("key id:  {}", key.record.key_id);
-                println!("name:    {}", key.record.name);
-                println!("owner:   {}", key.record.owner.as_deref().unwrap_or("-"));
-                println!("scopes:  {}", key.record.scopes.join(","));
+                println!("name:    {}", printable(&key.record.name));
+                let owner = key.record.owner.as_deref().unwrap_or("-");
+                println!("owner:   {}", printable(owner));
+                println!("scopes:  {}", printable(&key.record.scopes.join(",")));
                 println!("expires: {}", time_or(key.record.expires_at, "never"));
                 println!("budget:  {}", budgets::one_word(&budget));
                 record_event(
@@ -320,9 +323,9 @@ fn print_keys(keys: &[KeyRecord], budgets: &HashMap<String, (String, String)>) {
         let (budget, left) = budgets.get(&k.key_id).unwrap_or(&none);
         line([
             &k.key_id,
-            &k.name,
-            &k.scopes.join(","),
-            k.owner.as_deref().unwrap_or("-"),
+            &printable(&k.name),
+            &printable(&k.scopes.join(",")),
+            &printable(k.owner.as_deref().unwrap_or("-")),
             &time_or(Some(k.created_at), "-"),
             &time_or(k.expires_at, "never"),
             &time_or(k.revoked_at, "-"),

@@ -293,7 +293,9 @@ fn ledger(config: &Config, metrics: &Metrics) -> (Arc<Meter>, Option<Arc<Ledger>
         );
         return (Arc::new(Meter::disabled()), None);
     };
-    let meter = Arc::new(Meter::new());
+    let meter = Arc::new(Meter::keeping_models(
+        config.metering.max_models_per_key_hour,
+    ));
     let ledger = Ledger::new(
         meter.clone(),
         &keys.database,

@@ -155,7 +155,8 @@ pub async fn set_key(
         .await
         .map_err(|e| format!("the budget is set, but its usage cannot be read: {e}"))?;
     println!("key id:  {key_id}");
-    println!("owner:   {}", record.owner.as_deref().unwrap_or("-"));
+    let owner = record.owner.as_deref().unwrap_or("-");
+    println!("owner:   {}", super::printable(owner));
     print!("{}", windows(&budget, &used, starts));
     Ok(())
 }
@@ -205,7 +206,7 @@ pub fn owners(command: OwnersCommand) -> Result<(), String> {
             .window_usage(&Subject::Owner(owner.clone()), starts)
             .await
             .map_err(|e| format!("the budget is set, but its usage cannot be read: {e}"))?;
-        println!("owner:   {owner}");
+        println!("owner:   {}", super::printable(&owner));
         print!("{}", windows(&budget, &used, starts));
         Ok(())
     })

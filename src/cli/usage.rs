@@ -41,11 +41,12 @@ pub fn run(
 /// has no value: the key of JWT calls, an unknown model, the owner of keys made without one),
 /// then the owner and the counts.
 fn table(totals: &[UsageTotal], g: &api_keys::Grouping) -> String {
+    // Whatever callers chose (a model name, an owner) is shown escaped.
     let none = |s: &str| {
         if s.is_empty() {
             "-".to_string()
         } else {
-            s.to_string()
+            super::printable(s).into_owned()
         }
     };
     let mut header = Vec::new();
@@ -77,7 +78,7 @@ fn table(totals: &[UsageTotal], g: &api_keys::Grouping) -> String {
         line.extend(t.day.map(date));
         line.extend(t.key_id.as_deref().map(none));
         line.push(none(&t.owner));
-        line.extend(t.service.clone());
+        line.extend(t.service.as_deref().map(none));
         line.extend(t.model.as_deref().map(none));
         let c = &t.counts;
         line.extend(

@@ -41,6 +41,8 @@ pub struct Budgets {
 pub struct Metering {
     /// How often usage recorded in memory is written to the store.
     pub flush_seconds: Option<u64>,
+    /// Distinct models recorded per key (or JWT subject) and hour; the rest as `(other)`.
+    pub max_models_per_key_hour: Option<u64>,
 }
 
 /// `[dns]`: where upstream host names are resolved.

@@ -56,6 +56,8 @@ pub struct MeteringSettings {
     /// `flush_seconds`: how often recorded usage is written to the store, and so the most a
     /// `kill -9` can lose.
     pub flush: Duration,
+    /// `max_models_per_key_hour`: rows per caller and hour are bounded, whatever it sends.
+    pub max_models_per_key_hour: usize,
 }
 
 #[derive(Debug, Clone)]

@@ -341,12 +341,23 @@ impl Validator<'_> {
 
     /// `[rate_limits]`: the Redis URL may carry a password, so its problems never quote it.
     pub fn metering(&mut self, m: Option<file::Metering>) -> MeteringSettings {
-        let seconds = m.and_then(|m| m.flush_seconds).unwrap_or(1);
+        let seconds = m.as_ref().and_then(|m| m.flush_seconds).unwrap_or(1);
         if seconds == 0 {
             self.problem("metering.flush_seconds", "must be at least 1");
         }
+        let models = m
+            .as_ref()
+            .and_then(|m| m.max_models_per_key_hour)
+            .unwrap_or(32);
+        if !(1..=10_000).contains(&models) {
+            self.problem(
+                "metering.max_models_per_key_hour",
+                "must be from 1 to 10000",
+            );
+        }
         MeteringSettings {
             flush: Duration::from_secs(seconds.max(1)),
+            max_models_per_key_hour: models.clamp(1, 10_000) as usize,
         }
     }
 

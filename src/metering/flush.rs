@@ -112,6 +112,8 @@ impl Ledger {
 
     /// Writes what the meter holds; true when it is all in the store.
     async fn flush(&self, writer: &mut Writer) -> bool {
+        let now = crate::time::unix_now();
+        self.meter.forget_models_before(now - now.rem_euclid(3600));
         let rows = self.meter.take();
         if rows.is_empty() {
             return true;

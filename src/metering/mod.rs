@@ -35,12 +35,20 @@ pub struct Charge<'a> {
 /// Locks the record step spreads over: workers charging different rows rarely meet.
 const SHARDS: usize = 16;
 
+/// The model recorded for a caller's requests beyond its `max_models_per_key_hour`.
+pub const OTHER_MODELS: &str = "(other)";
+
 /// Totals per (UTC hour, key, owner, service, model) since the last flush.
 pub struct Meter {
     /// False without a ledger (no `[auth.api_keys]`): recording is then a no-op.
     enabled: bool,
     shards: [Mutex<Shard>; SHARDS],
     hasher: RandomState,
+    /// `[metering] max_models_per_key_hour`: a caller naming more models than this in one
+    /// hour (the model is whatever it sends) gets one row for the rest, not a row each.
+    max_models: usize,
+    /// Per caller (key, else JWT subject), the models given rows of their own this hour.
+    models: [Mutex<HashMap<Box<str>, (i64, Vec<Box<str>>)>>; SHARDS],
 }
 
 /// Rows by the hash of their key: a request whose row exists finds it through borrowed
@@ -86,10 +94,17 @@ impl Hasher for Prehashed {
 
 impl Meter {
     pub fn new() -> Meter {
+        Meter::keeping_models(32)
+    }
+
+    /// A meter keeping at most `max_models` models per caller and hour.
+    pub fn keeping_models(max_models: usize) -> Meter {
         Meter {
             enabled: true,
             shards: Default::default(),
             hasher: RandomState::new(),
+            max_models,
+            models: Default::default(),
         }
     }
 
@@ -117,13 +132,49 @@ impl Meter {
             cached_tokens: c.cached_tokens,
             estimated_requests: u64::from(c.estimated),
         };
+        let hour = now - now.rem_euclid(3600);
+        let model = self.model_kept(hour, c, c.model.unwrap_or(""));
         let parts = [
             c.key_id.unwrap_or(""),
             c.owner.unwrap_or(""),
             c.service,
-            c.model.unwrap_or(""),
+            model,
         ];
-        self.add(now - now.rem_euclid(3600), parts, counts);
+        self.add(hour, parts, counts);
+    }
+
+    /// `model`, or `(other)` once the caller has had `max_models` others this hour.
+    fn model_kept<'m>(&self, hour: i64, c: &Charge<'_>, model: &'m str) -> &'m str {
+        if model.is_empty() {
+            return model;
+        }
+        let caller = c.key_id.or(c.owner).unwrap_or("");
+        let shard = self.hasher.hash_one(caller) as usize % SHARDS;
+        let mut callers = self.models[shard].lock().unwrap_or_else(|e| e.into_inner());
+        let kept = match callers.get_mut(caller) {
+            Some(kept) => kept,
+            None => callers.entry(caller.into()).or_insert((hour, Vec::new())),
+        };
+        if kept.0 != hour {
+            *kept = (hour, Vec::new());
+        }
+        if kept.1.iter().any(|m| **m == *model) {
+            model
+        } else if kept.1.len() < self.max_models {
+            kept.1.push(model.into());
+            model
+        } else {
+            OTHER_MODELS
+        }
+    }
+
+    /// Forgets the models of hours before `hour` (called by the flusher, so callers gone
+    /// quiet do not keep their lists).
+    pub fn forget_models_before(&self, hour: i64) {
+        for shard in &self.models {
+            let mut callers = shard.lock().unwrap_or_else(|e| e.into_inner());
+            callers.retain(|_, (h, _)| *h >= hour);
+        }
     }
 
     fn add(&self, hour: i64, parts: [&str; 4], counts: UsageCounts) {

@@ -167,3 +167,40 @@ fn the_flusher_writes_to_the_store_and_keeps_rows_it_cannot_write() {
     assert!(text.contains("portcullis_ledger_flushes_total{result=\"error\"} 1"));
     assert!(text.contains("portcullis_ledger_pending_rows 1"));
 }
+
+#[test]
+fn a_caller_naming_many_models_gets_a_bounded_number_of_rows_an_hour() {
+    let meter = Meter::keeping_models(3);
+    let hour = 1_795_000_000 / 3600 * 3600;
+    let names: Vec<String> = (0..10).map(|i| format!("made-up-{i}")).collect();
+    // Across flushes too: the models kept are the caller's of the hour, not of the batch.
+    for (i, name) in names.iter().enumerate() {
+        meter.record_at(&charge(Some("k1"), None, Some(name)), hour + i as i64);
+        if i == 4 {
+            let first = meter.take();
+            assert_eq!(first.len(), 4, "three models and (other)");
+        }
+    }
+    // A model kept before is still its own row; another caller has its own allowance.
+    meter.record_at(&charge(Some("k1"), None, Some("made-up-0")), hour + 20);
+    meter.record_at(&charge(Some("k2"), None, Some("made-up-9")), hour + 20);
+    let rows = meter.take();
+    let mine: Vec<&str> = (rows.iter())
+        .filter(|r| r.key_id == "k1")
+        .map(|r| r.model.as_str())
+        .collect();
+    assert_eq!(mine.len(), 2, "{mine:?}");
+    assert!(
+        mine.contains(&"(other)") && mine.contains(&"made-up-0"),
+        "{mine:?}"
+    );
+    let other = rows.iter().find(|r| r.model == "(other)").unwrap();
+    assert_eq!(other.counts.requests, 5);
+    assert!(rows
+        .iter()
+        .any(|r| r.key_id == "k2" && r.model == "made-up-9"));
+    // The next hour starts a new allowance.
+    meter.forget_models_before(hour + 3600);
+    meter.record_at(&charge(Some("k1"), None, Some("made-up-8")), hour + 3600);
+    assert_eq!(meter.take()[0].model, "made-up-8");
+}

@@ -486,7 +486,7 @@ impl ProxyHttp for Gateway {
                 self.metrics.tokens(handles, &charged.usage);
             }
         }
-        if let Some(charge) = record::charge(ctx, service) {
+        if let Some(charge) = record::charge(ctx, service, status) {
             self.meter.record(&charge);
         }
         self.settle_budget(ctx).await;

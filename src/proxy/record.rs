@@ -42,7 +42,11 @@ pub fn access_line(
             upstream_ttfb_ms: ctx.upstream_ttfb.map(millis),
             bytes_in: session.body_bytes_read() as u64,
             bytes_out: session.body_bytes_sent() as u64,
-            model: ctx.exchange.as_ref().and_then(|x| x.model.as_deref()),
+            // The model named by a caller whose request failed is not a model anyone served: a
+            // caller could add a ledger row per name it makes up.
+            model: (ctx.exchange.as_ref())
+                .filter(|_| (200..300).contains(&status))
+                .and_then(|x| x.model.as_deref()),
             prompt_tokens: usage.and_then(|u| u.prompt_tokens),
             completion_tokens: usage.and_then(|u| u.completion_tokens),
             reasoning_tokens: usage.and_then(|u| u.reasoning_tokens),
@@ -64,7 +68,7 @@ pub fn access_line(
 /// What the ledger charges for a finished request: every request of an authenticated caller
 /// that was routed and sent upstream (not one the gateway refused before its body went), with
 /// the usage read from its response (0 when none).
-pub fn charge<'a>(ctx: &'a RequestCtx, service: &'a str) -> Option<Charge<'a>> {
+pub fn charge<'a>(ctx: &'a RequestCtx, service: &'a str, status: u16) -> Option<Charge<'a>> {
     let principal = ctx.principal.as_deref()?;
     ctx.route?;
     ctx.upstream_sent?;
@@ -77,7 +81,11 @@ pub fn charge<'a>(ctx: &'a RequestCtx, service: &'a str) -> Option<Charge<'a>> {
         key_id: principal.key_id(),
         owner: principal.owner.as_deref(),
         service,
-        model: ctx.exchange.as_ref().and_then(|x| x.model.as_deref()),
+        // The model named by a caller whose request failed is not a model anyone served: a
+        // caller could add a ledger row per name it makes up.
+        model: (ctx.exchange.as_ref())
+            .filter(|_| (200..300).contains(&status))
+            .and_then(|x| x.model.as_deref()),
         prompt_tokens: usage.prompt_tokens.unwrap_or(0),
         completion_tokens: usage.completion_tokens.unwrap_or(0),
         reasoning_tokens: usage.reasoning_tokens.unwrap_or(0),

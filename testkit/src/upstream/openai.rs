@@ -274,6 +274,14 @@ pub(super) async fn completion(
     state: &State,
     endpoint: Endpoint,
 ) -> bool {
+    // `?status=N`: the server refuses the request (an unknown model, a bad parameter).
+    let status = query_param(&req.target, "status", 200);
+    if status != 200 {
+        let head = format!("{status} Refused");
+        let body =
+            r#"{"error":{"message":"the model does not exist","type":"invalid_request_error"}}"#;
+        return super::wire::write_json(conn, &head, "", body).await;
+    }
     let (body, model) = model_of(req);
     let streamed = body.get("stream") == Some(&Value::Bool(true));
     let usage = reported_usage(req, &body, endpoint.usage(streamed));

@@ -271,3 +271,48 @@ async fn a_request_refused_before_its_body_went_upstream_is_not_a_ledger_request
     // The budget counted the two as well: the third is over requests_per_day.
     assert_eq!(post(gw.port, &k, CHAT, &good).0, 429);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_cannot_grow_the_ledger_with_model_names_it_makes_up() {
+    let fx = Fixture::start().await;
+    let gw = fx.gateway(&Setup::default());
+    let (k, id) = key(&gw, &[]);
+    let threads: Vec<_> = (0..80)
+        .map(|i| {
+            let (port, k) = (gw.port, k.clone());
+            thread::spawn(move || {
+                // One of them tries to rewrite the operator's terminal.
+                let model = match i {
+                    1 => "evil\u{1b}[2K\rforged_row\u{202e}".to_string(),
+                    _ => format!("{i:03}-{}", "m".repeat(246)),
+                };
+                let body = json!({"model": model, "max_tokens": 5,
+                    "messages": [{"role": "user", "content": "hi"}]});
+                // Half are refused by the upstream (an unknown model): no model recorded.
+                let path = if i % 2 == 0 {
+                    format!("{CHAT}?status=404")
+                } else {
+                    CHAT.into()
+                };
+                post(port, &k, &path, &body.to_string()).0
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 404).count(), 40);
+    let (_, requests) = tokio::task::block_in_place(|| ledger_of(&gw, &id));
+    assert_eq!(requests, 80);
+    let rows = crate::ledger::usage_cli(&gw.config, &["--group-by", "key,model"]);
+    let mine: Vec<&Value> = rows.iter().filter(|r| r["key"] == id.as_str()).collect();
+    // 32 models of the 40 answered (max_models_per_key_hour), the rest under (other), and
+    // the 40 refused under no model at all.
+    assert_eq!(mine.len(), 34, "{mine:?}");
+    let other = mine.iter().find(|r| r["model"] == "(other)").unwrap();
+    assert_eq!(other["requests"], 8);
+    let out = tokio::task::block_in_place(|| {
+        testkit::cli(&gw.config, &["usage", "--group-by", "key,model"])
+    });
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains(['\u{1b}', '\r', '\u{202e}']), "{text:?}");
+    assert!(text.contains("evil\\u{1b}[2K\\u{d}forged"), "{text}");
+}
