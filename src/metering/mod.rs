@@ -48,8 +48,11 @@ pub struct Meter {
     /// hour (the model is whatever it sends) gets one row for the rest, not a row each.
     max_models: usize,
     /// Per caller (key, else JWT subject), the models given rows of their own this hour.
-    models: [Mutex<HashMap<Box<str>, (i64, Vec<Box<str>>)>>; SHARDS],
+    models: [Mutex<ModelsKept>; SHARDS],
 }
+
+/// Caller → (the hour, the models it has rows for in that hour).
+type ModelsKept = HashMap<Box<str>, (i64, Vec<Box<str>>)>;
 
 /// Rows by the hash of their key: a request whose row exists finds it through borrowed
 /// strings, with no allocation.
