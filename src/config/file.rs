@@ -111,6 +111,8 @@ pub struct Server {
     pub max_buffered_body_bytes: Option<u64>,
     /// Every such body in memory at once.
     pub buffered_bodies_max_bytes: Option<u64>,
+    /// Such bodies of one caller (owner, else key) in memory at once.
+    pub buffered_bytes_per_caller: Option<u64>,
     /// From the request head to the end of such a body.
     pub buffered_body_timeout_seconds: Option<u64>,
     /// The whole request head must arrive within this, on every listener.

@@ -91,6 +91,8 @@ pub struct BufferLimits {
     pub max_body: u64,
     /// `buffered_bodies_max_bytes`: all of them in memory at once.
     pub total: u64,
+    /// `buffered_bytes_per_caller`: all of one caller's (owner, else key) at once.
+    pub per_caller: u64,
     /// `buffered_body_timeout_seconds`: from the request head to the body's last byte.
     pub timeout: Duration,
 }

@@ -18,6 +18,8 @@ use super::{
 pub const DEFAULT_MAX_BODY: u64 = 32 * 1024 * 1024;
 pub const DEFAULT_MAX_BUFFERED_BODY: u64 = 8 * 1024 * 1024;
 pub const DEFAULT_BUFFERED_BODIES_MAX: u64 = 256 * 1024 * 1024;
+/// `[server] buffered_bytes_per_caller`: one caller cannot take every other caller's room.
+pub const DEFAULT_BUFFERED_BYTES_PER_CALLER: u64 = 32 * 1024 * 1024;
 pub const DEFAULT_BUFFERED_BODY_TIMEOUT: u64 = 60;
 const DEFAULT_ACCESS_LOG_FILES: usize = 5;
 const ALGORITHMS: [(&str, jsonwebtoken::Algorithm); 9] = {
@@ -163,6 +165,18 @@ impl Validator<'_> {
                 ),
             );
         }
+        let per_caller = s
+            .buffered_bytes_per_caller
+            .unwrap_or(DEFAULT_BUFFERED_BYTES_PER_CALLER);
+        if per_caller < max_body {
+            self.problem(
+                "server.buffered_bytes_per_caller",
+                format!(
+                    "{per_caller} is less than server.max_buffered_body_bytes ({max_body}): \
+                     no caller could send such a body"
+                ),
+            );
+        }
         let timeout = s
             .buffered_body_timeout_seconds
             .unwrap_or(DEFAULT_BUFFERED_BODY_TIMEOUT);
@@ -175,6 +189,7 @@ impl Validator<'_> {
         BufferLimits {
             max_body,
             total,
+            per_caller,
             timeout: Duration::from_secs(timeout),
         }
     }

@@ -1,28 +1,58 @@
 //! The memory bound of every body the gateway holds whole at once (`buffered_bodies_max_bytes`):
-//! one atomic count of reserved bytes shared by all requests. A request reserves before it
-//! allocates and gives its bytes back when its `Reservation` drops, so an upload that aborts,
-//! times out or is refused returns its share at once, whatever path it ends by.
+//! one atomic count of reserved bytes shared by all requests, and per caller (owner, else key:
+//! `buffered_bytes_per_caller`) so that one caller's uploads cannot take everyone's room. A
+//! request reserves as its bytes arrive, before it allocates, and gives its bytes back when
+//! its `Reservation` drops, so an upload that aborts, times out or is refused returns its
+//! share at once, whatever path it ends by.
 
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use crate::auth::Principal;
+
+/// Locks the per-caller counts spread over.
+const SHARDS: usize = 16;
 
 pub struct Budget {
     limit: u64,
     used: AtomicU64,
+    per_caller: u64,
+    /// Bytes held per caller, by the hash of its name; a caller holding nothing has no entry.
+    callers: [Mutex<HashMap<u64, u64>>; SHARDS],
+    hasher: RandomState,
 }
 
 impl Budget {
+    #[cfg(test)]
     pub fn new(limit: u64) -> Arc<Budget> {
+        Budget::with_caller_limit(limit, limit)
+    }
+
+    /// All bodies within `limit`, one caller's within `per_caller`.
+    pub fn with_caller_limit(limit: u64, per_caller: u64) -> Arc<Budget> {
         Arc::new(Budget {
             limit,
             used: AtomicU64::new(0),
+            per_caller,
+            callers: Default::default(),
+            hasher: RandomState::new(),
         })
     }
 
-    /// `bytes` of the budget, or None when they would take it past its limit.
-    pub fn reserve(self: &Arc<Budget>, bytes: u64) -> Option<Reservation> {
-        self.take(bytes).then(|| Reservation {
+    /// `bytes` of the budget for `caller`, or None when they would take the total or the
+    /// caller's share past its limit.
+    pub fn reserve(
+        self: &Arc<Budget>,
+        caller: Option<&Arc<Principal>>,
+        bytes: u64,
+    ) -> Option<Reservation> {
+        let caller = caller.map(|p| self.hasher.hash_one(p.owner.as_deref().unwrap_or(&p.id)));
+        self.take(caller, bytes).then(|| Reservation {
             budget: Arc::clone(self),
+            caller,
             bytes,
         })
     }
@@ -33,19 +63,58 @@ impl Budget {
         self.used.load(Ordering::Relaxed)
     }
 
-    fn take(&self, bytes: u64) -> bool {
+    fn take(&self, caller: Option<u64>, bytes: u64) -> bool {
+        if let Some(caller) = caller {
+            let mut held = self.callers[caller as usize % SHARDS]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let mine = held.entry(caller).or_insert(0);
+            match mine.checked_add(bytes).filter(|&n| n <= self.per_caller) {
+                Some(n) => *mine = n,
+                None => {
+                    if *mine == 0 {
+                        held.remove(&caller);
+                    }
+                    return false;
+                }
+            }
+        }
         // A plain counter: nothing else is published through it, so Relaxed is enough.
-        self.used
+        let taken = self
+            .used
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
                 used.checked_add(bytes).filter(|&total| total <= self.limit)
             })
-            .is_ok()
+            .is_ok();
+        if !taken {
+            self.give_back_caller(caller, bytes);
+        }
+        taken
+    }
+
+    fn give(&self, caller: Option<u64>, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::Relaxed);
+        self.give_back_caller(caller, bytes);
+    }
+
+    fn give_back_caller(&self, caller: Option<u64>, bytes: u64) {
+        let Some(caller) = caller else { return };
+        let mut held = self.callers[caller as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(mine) = held.get_mut(&caller) {
+            *mine = mine.saturating_sub(bytes);
+            if *mine == 0 {
+                held.remove(&caller);
+            }
+        }
     }
 }
 
 /// Bytes held from the budget until dropped.
 pub struct Reservation {
     budget: Arc<Budget>,
+    caller: Option<u64>,
     bytes: u64,
 }
 
@@ -57,7 +126,7 @@ impl Reservation {
 
     /// Reserves `more` bytes besides; false, and nothing taken, when the budget is spent.
     pub fn grow(&mut self, more: u64) -> bool {
-        let taken = self.budget.take(more);
+        let taken = self.budget.take(self.caller, more);
         if taken {
             self.bytes += more;
         }
@@ -67,9 +136,7 @@ impl Reservation {
     /// Gives back what is held beyond `bytes`.
     pub fn shrink_to(&mut self, bytes: u64) {
         if bytes < self.bytes {
-            self.budget
-                .used
-                .fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+            self.budget.give(self.caller, self.bytes - bytes);
             self.bytes = bytes;
         }
     }
@@ -88,9 +155,9 @@ mod tests {
     #[test]
     fn reservations_stay_within_the_limit_and_are_given_back_when_dropped() {
         let budget = Budget::new(100);
-        let mut a = budget.reserve(60).unwrap();
-        assert!(budget.reserve(41).is_none());
-        let b = budget.reserve(40).unwrap();
+        let mut a = budget.reserve(None, 60).unwrap();
+        assert!(budget.reserve(None, 41).is_none());
+        let b = budget.reserve(None, 40).unwrap();
         assert_eq!(budget.used(), 100);
         assert!(!a.grow(1));
         assert_eq!(a.bytes(), 60);
@@ -104,8 +171,8 @@ mod tests {
         drop(a);
         assert_eq!(budget.used(), 0);
         // A request as large as the whole budget still fits alone; an overflow never wraps.
-        let all = budget.reserve(100).unwrap();
-        assert!(budget.reserve(u64::MAX).is_none());
+        let all = budget.reserve(None, 100).unwrap();
+        assert!(budget.reserve(None, u64::MAX).is_none());
         drop(all);
         assert_eq!(budget.used(), 0);
     }
@@ -118,7 +185,7 @@ mod tests {
             for _ in 0..4 {
                 s.spawn(|| {
                     for _ in 0..10_000 {
-                        if let Some(r) = budget.reserve(300) {
+                        if let Some(r) = budget.reserve(None, 300) {
                             peak.fetch_max(budget.used(), Ordering::Relaxed);
                             drop(r);
                         }
@@ -128,5 +195,34 @@ mod tests {
         });
         assert!(peak.load(Ordering::Relaxed) <= 1000);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn one_caller_holds_at_most_its_share_and_others_still_fit() {
+        let budget = Budget::with_caller_limit(1000, 300);
+        let caller = |id: &str| {
+            Arc::new(Principal {
+                kind: crate::auth::PrincipalKind::ApiKey,
+                id: id.into(),
+                scopes: Box::new([]),
+                owner: None,
+                budget: Default::default(),
+            })
+        };
+        let (a, b) = (caller("a"), caller("b"));
+        let mut held = budget.reserve(Some(&a), 200).unwrap();
+        assert!(budget.reserve(Some(&a), 101).is_none(), "over a's share");
+        assert!(!held.grow(101));
+        assert!(held.grow(100));
+        let other = budget.reserve(Some(&b), 300).unwrap();
+        assert_eq!(budget.used(), 600);
+        drop(held);
+        assert!(
+            budget.reserve(Some(&a), 300).is_some(),
+            "a's share came back"
+        );
+        drop(other);
+        assert_eq!(budget.used(), 0);
+        assert!(budget.callers.iter().all(|c| c.lock().unwrap().is_empty()));
     }
 }

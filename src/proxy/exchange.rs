@@ -19,10 +19,11 @@
 //!   the upstream has seen a request head, never a request.
 //!
 //! Either way the body sits in memory whole, so it is bounded three ways ([`Buffering`]): by
-//! size (413 past `max_buffered_body_bytes`), by the memory of all such bodies at once (503
-//! when `buffered_bodies_max_bytes` cannot cover it, reserved before it is allocated), and by
-//! time (408 when it is not complete `buffered_body_timeout_seconds` after the request head,
-//! however it trickles in).
+//! size (413 past `max_buffered_body_bytes`), by the memory of all such bodies at once and of
+//! one caller's (503 when `buffered_bodies_max_bytes` or `buffered_bytes_per_caller` cannot
+//! cover it, reserved as its bytes arrive and before they are allocated, never from a declared
+//! length), and by time (408 when it is not complete `buffered_body_timeout_seconds` after the
+//! request head, however it trickles in).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +37,7 @@ use super::budget::{Budget, Reservation};
 use super::held::Held;
 use super::metered::Metered;
 use crate::access_log;
+use crate::auth::Principal;
 use crate::config::BufferLimits;
 use crate::errors::GatewayError;
 use crate::model_policy::{self, BodyError, CapRule, Edit, Endpoint, Models};
@@ -59,7 +61,7 @@ pub struct Buffering {
 impl Buffering {
     pub fn new(limits: &BufferLimits) -> Buffering {
         Buffering {
-            budget: Budget::new(limits.total),
+            budget: Budget::with_caller_limit(limits.total, limits.per_caller),
             max_body: limits.max_body,
             timeout: limits.timeout,
         }
@@ -122,6 +124,7 @@ impl Exchange {
         endpoint: Endpoint,
         models: &Models,
         cap: Option<&CapRule>,
+        caller: Option<&Arc<Principal>>,
         bounds: &Buffering,
         keyed: bool,
     ) -> Result<(Exchange, Next)> {
@@ -153,11 +156,11 @@ impl Exchange {
             let declared = declared.map(|len| len as usize);
             let max = bounds.max_body as usize;
             let room = max_growth(endpoint, models, cap);
-            return match Held::new(&bounds.budget, declared, max, room) {
+            return match Held::new(&bounds.budget, caller, declared, max, room) {
                 Ok(held) => {
                     exchange.body = Body::Held(held, deadline);
                     if keyed {
-                        match exchange.read_start(session, deadline, bounds).await {
+                        match exchange.read_start(session, deadline, bounds, caller).await {
                             Ok(()) => {}
                             Err(e) if *e.etype() == ErrorType::ReadTimedout => {
                                 return refuse(exchange, GatewayError::RequestTimeout)
@@ -178,10 +181,6 @@ impl Exchange {
         // can change a body; what is not kept is given back once the policy has run.
         let growth = max_growth(endpoint, models, cap) as u64;
         let changed = if growth > 0 { len + growth } else { 0 };
-        let Some(reserved) = bounds.budget.reserve(2 * len + changed) else {
-            return refuse(exchange, GatewayError::Overloaded);
-        };
-        exchange.reserved = Some(reserved);
         if expects_continue(session.req_header()) {
             // The client waits for this before sending the body we are about to read.
             session.write_continue_response().await?;
@@ -194,6 +193,12 @@ impl Exchange {
             }
             Err(e) => return Err(e),
         };
+        // Reserved once the bytes are here, not from the declared length: a head that
+        // declares a body and sends none holds nothing.
+        let Some(reserved) = bounds.budget.reserve(caller, 2 * len + changed) else {
+            return refuse(exchange, GatewayError::Overloaded);
+        };
+        exchange.reserved = Some(reserved);
         let next = exchange.apply(&body, models, cap);
         if keyed && matches!(next, Next::Proxy) {
             // The client's bytes, before the policy's edit: what every turn sends alike.
@@ -219,8 +224,9 @@ impl Exchange {
         session: &mut Session,
         deadline: Deadline,
         bounds: &Buffering,
+        caller: Option<&Arc<Principal>>,
     ) -> Result<()> {
-        let Some(reserved) = bounds.budget.reserve(READ_AHEAD_MAX) else {
+        let Some(reserved) = bounds.budget.reserve(caller, READ_AHEAD_MAX) else {
             return Ok(());
         };
         self.reserved = Some(reserved);

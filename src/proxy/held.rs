@@ -9,6 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::budget::{Budget, Reservation};
+use crate::auth::Principal;
 use crate::errors::GatewayError;
 use crate::model_policy::Edit;
 
@@ -19,26 +20,32 @@ pub struct Held {
     buf: Vec<u8>,
     /// Always the buffer's capacity: what is allocated is what is counted.
     reservation: Reservation,
-    /// `max_buffered_body_bytes`.
+    /// The most the body may be: `max_buffered_body_bytes`, or less when its length was
+    /// declared.
     max: usize,
     /// Room kept for the policy's edit (`Models::max_growth`).
     headroom: usize,
 }
 
 impl Held {
-    /// Room for a body of `declared` bytes, or a first read's worth when it is sent chunked.
+    /// Room for a first read's worth of the body: the rest is reserved as it arrives, never
+    /// from a declared length alone (a head that declares 8 MiB and sends nothing holds
+    /// 64 KiB, not 8 MiB).
     pub fn new(
         budget: &Arc<Budget>,
+        caller: Option<&Arc<Principal>>,
         declared: Option<usize>,
         max: usize,
         headroom: usize,
     ) -> Result<Held, GatewayError> {
-        let capacity = match declared {
+        let max = match declared {
             Some(len) if len > max => return Err(GatewayError::PayloadTooLarge),
-            Some(len) => len + headroom,
-            None => FIRST.min(max + headroom),
+            Some(len) => len,
+            None => max,
         };
-        let reservation = (budget.reserve(capacity as u64)).ok_or(GatewayError::Overloaded)?;
+        let capacity = FIRST.min(max + headroom);
+        let reservation =
+            (budget.reserve(caller, capacity as u64)).ok_or(GatewayError::Overloaded)?;
         Ok(Held {
             buf: Vec::with_capacity(capacity),
             reservation,
@@ -106,7 +113,7 @@ mod tests {
     #[test]
     fn a_held_body_reserves_its_capacity_and_gives_it_back_with_its_bytes() {
         let budget = Budget::new(1 << 20);
-        let mut held = Held::new(&budget, None, 300_000, 20).unwrap();
+        let mut held = Held::new(&budget, None, None, 300_000, 20).unwrap();
         assert_eq!(budget.used(), FIRST as u64);
         let chunk = vec![b' '; 50_000];
         for _ in 0..5 {
@@ -134,17 +141,26 @@ mod tests {
     #[test]
     fn a_body_the_budget_cannot_cover_is_refused_as_overloaded() {
         let budget = Budget::new(100_000);
-        let declared = Held::new(&budget, Some(90_000), 1 << 20, 0).unwrap();
+        // A declared length reserves nothing by itself: a first read's worth, then what
+        // arrives, up to the declared length.
+        let mut declared = Held::new(&budget, None, Some(90_000), 1 << 20, 0).unwrap();
+        assert_eq!(budget.used(), FIRST as u64);
         assert!(matches!(
-            Held::new(&budget, None, 1 << 20, 0),
+            Held::new(&budget, None, None, 1 << 20, 0),
             Err(GatewayError::Overloaded)
         ));
+        declared.push(&[b' '; 90_000]).unwrap();
+        assert_eq!(
+            budget.used(),
+            90_000,
+            "grown to the declared length, no more"
+        );
         assert!(matches!(
-            Held::new(&budget, Some(2 << 20), 1 << 20, 0),
+            Held::new(&budget, None, Some(2 << 20), 1 << 20, 0),
             Err(GatewayError::PayloadTooLarge)
         ));
         drop(declared);
-        let mut chunked = Held::new(&budget, None, 1 << 20, 0).unwrap();
+        let mut chunked = Held::new(&budget, None, None, 1 << 20, 0).unwrap();
         chunked.push(&[b' '; 60_000]).unwrap();
         assert_eq!(chunked.push(&[b' '; 60_000]), Err(GatewayError::Overloaded));
         assert_eq!(
@@ -159,7 +175,8 @@ mod tests {
         let models = Models::new(Some("default-model".into()), []);
         let body = br#"{"messages":[{"role":"user"}]}"#;
         let budget = Budget::new(1 << 20);
-        let mut held = Held::new(&budget, Some(body.len()), 1 << 20, models.max_growth()).unwrap();
+        let room = models.max_growth();
+        let mut held = Held::new(&budget, None, Some(body.len()), 1 << 20, room).unwrap();
         held.push(body).unwrap();
         let reserved = budget.used();
         let plan = model_policy::plan(Endpoint::Chat, body, &models).unwrap();

@@ -207,6 +207,7 @@ impl ProxyHttp for Gateway {
                         endpoint,
                         models,
                         cap,
+                        ctx.principal.as_ref(),
                         &self.buffering,
                         keyed,
                     )

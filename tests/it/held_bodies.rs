@@ -265,3 +265,45 @@ fn a_budget_below_one_body_is_refused_at_start_up() {
         );
     }
 }
+
+/// One caller opening upload after upload (heads that declare large bodies, then silence)
+/// holds at most `buffered_bytes_per_caller`, and only what arrived: another caller's
+/// requests still succeed.
+#[test]
+fn one_callers_held_uploads_cannot_take_another_callers_room() {
+    let up = Upstream::start();
+    const MIB: usize = 1 << 20;
+    let gw = Gateway::builder()
+        .service(Service::new("chat", up.url("/oa/chat")).openai())
+        .max_body(8 * MIB as u64)
+        .server("max_buffered_body_bytes", 2 * MIB)
+        .server("buffered_bodies_max_bytes", 16 * MIB)
+        .server("buffered_bytes_per_caller", 2 * MIB)
+        .start();
+    let (flooder, _) = gw.create_key("chat", &[]);
+    let (other, _) = gw.create_key("chat", &[]);
+    // Twenty heads declaring 2 MiB each and one byte: 40 MiB declared, 20 × 64 KiB held.
+    let declared = format!("Content-Length: {}", 2 * MIB - 1024);
+    let flood: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut conn = TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+            conn.write_all(head(&flooder, CHAT, &declared).as_bytes())
+                .unwrap();
+            conn.write_all(b"{").unwrap();
+            conn
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // The other caller's large body fits: the flood declared 40 MiB but holds 1.25 MiB.
+    let mut conn = upload(&gw, &other, CHAT, &chat_body(MIB + MIB / 2), true);
+    let answer = response_within(&mut conn, Duration::from_secs(10)).expect("an answer");
+    assert_eq!(answer.0, 200, "{}", String::from_utf8_lossy(&answer.2));
+    // The flooder's own large body does not: its share is taken by its own uploads.
+    let mut conn = upload(&gw, &flooder, CHAT, &chat_body(MIB + MIB / 2), true);
+    let answer = response_within(&mut conn, Duration::from_secs(10)).expect("an answer");
+    assert_eq!(answer.0, 503, "{}", String::from_utf8_lossy(&answer.2));
+    let body: Value = serde_json::from_slice(&answer.2).unwrap();
+    assert_eq!(body["error"], "overloaded");
+    assert!(header(&answer.1, "retry-after").is_some());
+    drop(flood);
+}
