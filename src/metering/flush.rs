@@ -1,6 +1,7 @@
 //! The ledger's flusher: a thread of its own that, every `flush_seconds`, takes the meter's
-//! totals and adds them to the key store in one transaction. A failed write puts the rows
-//! back, merged with newer ones, for the next tick: nothing is lost while the process lives.
+//! totals and adds them to the key store in one transaction, exactly once (a batch id written
+//! in the same transaction). A failed write keeps its batch for the next tick, under the same
+//! id: nothing is lost while the process lives, and nothing is counted twice.
 //!
 //! The thread has its own runtime and its own store connections, so it outlives Pingora's
 //! runtimes: the last flush of a clean stop runs after every request has recorded, when those
@@ -15,7 +16,7 @@ use pingora::services::background::BackgroundService;
 use prometheus::{IntCounterVec, IntGauge, Opts};
 
 use super::Meter;
-use crate::auth::api_keys::{open_store, KeyStore, StoreError};
+use crate::auth::api_keys::{open_store, KeyStore, StoreError, UsageRow};
 use crate::metrics::Metrics;
 
 /// A write that takes longer is abandoned (rolled back) and retried on the next tick.
@@ -110,15 +111,25 @@ impl Ledger {
         });
     }
 
-    /// Writes what the meter holds; true when it is all in the store.
+    /// Writes what the meter holds; true when it is all in the store. A batch whose write
+    /// failed is kept, with its id, and written first on the next tick: if its commit did
+    /// happen (a timeout, a connection lost after the commit), the store adds nothing.
     async fn flush(&self, writer: &mut Writer) -> bool {
         let now = crate::time::unix_now();
         self.meter.forget_models_before(now - now.rem_euclid(3600));
-        let rows = self.meter.take();
-        if rows.is_empty() {
-            return true;
+        // The batch left over first, then one new one: a flush never chases a busy meter.
+        if let Some(batch) = writer.pending.take() {
+            if !self.write(writer, batch).await {
+                return false;
+            }
         }
-        match writer.write(&self.database, &rows).await {
+        let rows = self.meter.take();
+        rows.is_empty() || self.write(writer, Batch::new(rows)).await
+    }
+
+    /// Writes one batch, or keeps it for the next tick; whether it was written.
+    async fn write(&self, writer: &mut Writer, batch: Batch) -> bool {
+        match writer.write(&self.database, &batch).await {
             Ok(()) => {
                 self.flushes.with_label_values(&["ok"]).inc();
                 self.pending.set(0);
@@ -131,8 +142,8 @@ impl Ledger {
                 true
             }
             Err(e) => {
-                let n = rows.len();
-                self.meter.restore(rows);
+                let n = batch.rows.len();
+                writer.pending = Some(batch);
                 self.flushes.with_label_values(&["error"]).inc();
                 self.pending.set(n as i64);
                 let now = Instant::now();
@@ -175,17 +186,15 @@ impl Ledger {
 #[derive(Default)]
 struct Writer {
     store: Option<Arc<dyn KeyStore>>,
+    /// A batch whose write failed, to be written again under the same id.
+    pending: Option<Batch>,
     /// Since when writes fail, and when that was last logged.
     failing: Option<Instant>,
     warned: Option<Instant>,
 }
 
 impl Writer {
-    async fn write(
-        &mut self,
-        database: &str,
-        rows: &[crate::auth::api_keys::UsageRow],
-    ) -> Result<(), StoreError> {
+    async fn write(&mut self, database: &str, batch: &Batch) -> Result<(), StoreError> {
         let store = match &self.store {
             Some(store) => store.clone(),
             None => {
@@ -194,9 +203,26 @@ impl Writer {
                 store
             }
         };
-        tokio::time::timeout(WRITE_TIMEOUT, store.add_usage(rows))
+        tokio::time::timeout(WRITE_TIMEOUT, store.add_usage_once(&batch.id, &batch.rows))
             .await
             .map_err(|_| format!("no answer within {} s", WRITE_TIMEOUT.as_secs()))?
+    }
+}
+
+/// Rows taken from the meter for one write, and the id that makes the write happen once.
+struct Batch {
+    id: String,
+    rows: Vec<UsageRow>,
+}
+
+impl Batch {
+    fn new(rows: Vec<UsageRow>) -> Batch {
+        let id = format!(
+            "{:016x}{:016x}",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        );
+        Batch { id, rows }
     }
 }
 

@@ -200,7 +200,7 @@ fn gateways_and_clis_starting_at_once_apply_the_schema_once() {
     // ledger, budgets), each applied once.
     assert_eq!(
         pg.sql("SELECT string_agg(version::text, ',' ORDER BY version) FROM portcullis_migrations"),
-        "1,2,3,4,5"
+        "1,2,3,4,5,6"
     );
     let out = cli(&config, &["keys", "list"]);
     let listed = String::from_utf8_lossy(&out.stdout);

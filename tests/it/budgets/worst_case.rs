@@ -277,15 +277,15 @@ async fn a_caller_cannot_grow_the_ledger_with_model_names_it_makes_up() {
     let fx = Fixture::start().await;
     let gw = fx.gateway(&Setup::default());
     let (k, id) = key(&gw, &[]);
-    let threads: Vec<_> = (0..80)
+    // The first tries to rewrite the operator's terminal (sent first, so it keeps a row).
+    let evil = json!({"model": "evil\u{1b}[2K\rforged_row\u{202e}", "max_tokens": 5,
+        "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post(gw.port, &k, CHAT, &evil.to_string()).0, 200);
+    let threads: Vec<_> = (2..80)
         .map(|i| {
             let (port, k) = (gw.port, k.clone());
             thread::spawn(move || {
-                // One of them tries to rewrite the operator's terminal.
-                let model = match i {
-                    1 => "evil\u{1b}[2K\rforged_row\u{202e}".to_string(),
-                    _ => format!("{i:03}-{}", "m".repeat(246)),
-                };
+                let model = format!("{i:03}-{}", "m".repeat(246));
                 let body = json!({"model": model, "max_tokens": 5,
                     "messages": [{"role": "user", "content": "hi"}]});
                 // Half are refused by the upstream (an unknown model): no model recorded.
@@ -299,9 +299,9 @@ async fn a_caller_cannot_grow_the_ledger_with_model_names_it_makes_up() {
         })
         .collect();
     let statuses: Vec<u16> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-    assert_eq!(statuses.iter().filter(|s| **s == 404).count(), 40);
+    assert_eq!(statuses.iter().filter(|s| **s == 404).count(), 39);
     let (_, requests) = tokio::task::block_in_place(|| ledger_of(&gw, &id));
-    assert_eq!(requests, 80);
+    assert_eq!(requests, 79);
     let rows = crate::ledger::usage_cli(&gw.config, &["--group-by", "key,model"]);
     let mine: Vec<&Value> = rows.iter().filter(|r| r["key"] == id.as_str()).collect();
     // 32 models of the 40 answered (max_models_per_key_hour), the rest under (other), and

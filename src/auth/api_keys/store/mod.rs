@@ -144,6 +144,12 @@ pub trait KeyStore: Send + Sync {
     async fn add_usage(&self, _rows: &[UsageRow]) -> Result<(), StoreError> {
         Ok(())
     }
+    /// `add_usage`, at most once per `batch` (an id the writer keeps for these rows): a retry
+    /// of a write whose commit succeeded but was reported failed adds nothing. The batch id is
+    /// recorded in the same transaction.
+    async fn add_usage_once(&self, _batch: &str, rows: &[UsageRow]) -> Result<(), StoreError> {
+        self.add_usage(rows).await
+    }
     /// Ledger totals of a range of days, sorted by the grouped parts (day, key, owner,
     /// service, model). Test stores keep no ledger.
     async fn usage(&self, _query: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
@@ -318,6 +324,12 @@ const MIGRATIONS: &[Migration] = &[
         version: 5,
         sqlite: budget_sql::MIGRATION_SQLITE,
         postgres: budget_sql::MIGRATION_POSTGRES,
+    },
+    // The ledger's written batches (`usage.rs`): a flush is added exactly once.
+    Migration {
+        version: 6,
+        sqlite: usage::MIGRATION_BATCHES,
+        postgres: usage::MIGRATION_BATCHES,
     },
 ];
 

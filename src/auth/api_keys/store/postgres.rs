@@ -304,7 +304,15 @@ impl KeyStore for PgStore {
             return Ok(());
         }
         self.ready().await?;
-        usage::add(&self.pool, rows, '$').await
+        usage::add(&self.pool, None, rows, '$').await
+    }
+
+    async fn add_usage_once(&self, batch: &str, rows: &[UsageRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.ready().await?;
+        usage::add(&self.pool, Some(batch), rows, '$').await
     }
 
     async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {

@@ -245,7 +245,11 @@ impl KeyStore for SqliteStore {
     }
 
     async fn add_usage(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
-        usage::add(&self.pool, rows, '?').await
+        usage::add(&self.pool, None, rows, '?').await
+    }
+
+    async fn add_usage_once(&self, batch: &str, rows: &[UsageRow]) -> Result<(), StoreError> {
+        usage::add(&self.pool, Some(batch), rows, '?').await
     }
 
     async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {

@@ -84,7 +84,7 @@ async fn a_file_of_every_earlier_schema_opens_with_its_keys() {
         // Every step of the shared list; the old counter counts the steps after the table.
         assert_eq!(
             recorded(&path).await,
-            (vec![1, 2, 3, 4, 5], 4),
+            (vec![1, 2, 3, 4, 5, 6], 5),
             "with_owner = {with_owner}"
         );
     }
@@ -97,7 +97,7 @@ async fn a_new_file_records_the_shared_steps() {
     let url = format!("sqlite://{}", path.display());
     SqliteStore::open(&url).await.unwrap();
     SqliteStore::open(&url).await.unwrap();
-    assert_eq!(recorded(&path).await, (vec![1, 2, 3, 4, 5], 4));
+    assert_eq!(recorded(&path).await, (vec![1, 2, 3, 4, 5, 6], 5));
 }
 
 /// A key of `owner` made at `created_at`.
@@ -209,6 +209,21 @@ fn query(from: i64, to: i64, owner: Option<&str>, group: Grouping) -> UsageQuery
 
 /// The same ledger on either store: repeated flushes add up, hours roll up into days, and
 /// reports filter by owner and days and group as asked.
+/// A batch written again under its id (its commit succeeded but was reported failed, and the
+/// flusher retried it) adds nothing; another batch adds.
+async fn a_batch_is_added_once(store: &dyn KeyStore) {
+    let day = D0 + 40 * DAY;
+    let batch = [row(day, "once", "carol", "infer", "m", 3)];
+    store.add_usage_once("b-1", &batch).await.unwrap();
+    store.add_usage_once("b-1", &batch).await.unwrap();
+    store.add_usage_once("b-2", &batch[..]).await.unwrap();
+    let rows = (store.usage(&query(day, day, Some("carol"), Grouping::default())))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].counts.requests, 6, "b-1 once, b-2 once");
+}
+
 async fn ledger_adds_up_and_reports(store: &dyn KeyStore) {
     let first = [
         row(D0, "k1", "alice", "infer", "m1", 2),
@@ -321,6 +336,7 @@ async fn the_ledger_on_sqlite() {
         .await
         .unwrap();
     ledger_adds_up_and_reports(&store).await;
+    a_batch_is_added_once(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -330,6 +346,7 @@ async fn the_ledger_on_postgres() {
         .unwrap();
     let store = super::open_store(&pg.url, false).await.unwrap();
     ledger_adds_up_and_reports(&*store).await;
+    a_batch_is_added_once(&*store).await;
     // Hourly rows are kept beside the daily ones: what budgets will sum by hour.
     let hours = pg.sql("SELECT count(*) FROM usage_hourly WHERE key_id = 'k1'");
     assert_eq!(hours, "3");

@@ -83,10 +83,15 @@ impl UsageRow {
     }
 }
 
+/// How long a written batch id is remembered: far longer than any retry of its write.
+const BATCHES_KEPT_SECONDS: i64 = 86_400;
+
 /// Adds `rows` to both tables in one transaction, on either database (`mark`: its placeholder
-/// prefix).
+/// prefix); with `batch`, only if that batch was not written before (its id is recorded in
+/// the same transaction, so a commit that succeeded but was reported failed is not repeated).
 pub(super) async fn add<DB>(
     pool: &Pool<DB>,
+    batch: Option<&str>,
     rows: &[UsageRow],
     mark: char,
 ) -> Result<(), StoreError>
@@ -102,6 +107,21 @@ where
     }
     let (hourly, daily) = (sorted(rows), daily(rows));
     let mut tx = pool.begin().await?;
+    if let Some(batch) = batch {
+        let now = crate::time::unix_now();
+        let sql = format!(
+            "INSERT INTO usage_batches (batch_id, written_at) VALUES ({mark}1, {mark}2) \
+             ON CONFLICT (batch_id) DO NOTHING RETURNING written_at"
+        );
+        let query = sqlx::query(&sql).bind(batch).bind(now);
+        if query.fetch_optional(&mut *tx).await?.is_none() {
+            // Written before: this is a retry of a write that did commit.
+            return Ok(());
+        }
+        let sql = format!("DELETE FROM usage_batches WHERE written_at < {mark}1");
+        let cutoff = now - BATCHES_KEPT_SECONDS;
+        sqlx::query(&sql).bind(cutoff).execute(&mut *tx).await?;
+    }
     for (table, rows) in [(Table::Hourly, &hourly), (Table::Daily, &daily)] {
         for chunk in rows.chunks(CHUNK) {
             let sql = add_sql(table, chunk.len(), mark);
@@ -405,3 +425,12 @@ pub(super) const MIGRATION: &str = "
         PRIMARY KEY (day, key_id, owner, service, model)
     );
     CREATE INDEX IF NOT EXISTS usage_daily_owner ON usage_daily (owner, day);";
+
+/// Step 6, the same on both databases: the ids of the ledger batches written in the last day.
+pub(super) const MIGRATION_BATCHES: &str = "
+    CREATE TABLE IF NOT EXISTS usage_batches (
+        batch_id    TEXT PRIMARY KEY,
+        written_at  BIGINT NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS usage_batches_written ON usage_batches (written_at);
+";
