@@ -257,6 +257,20 @@ window.PortcullisUsage = (() => {
       if (last.everyone) drawOwners(last.everyone, last.cal);
     }
 
+    // The report is paged (at most 1000 rows a page): every page, one after the other.
+    async function allPages(path) {
+      const first = await api('GET', `${path}&limit=1000`);
+      const usage = Array.isArray(first && first.usage) ? [...first.usage] : null;
+      let next = first && first.next;
+      while (usage && typeof next === 'string') {
+        const page = await api('GET', `${path}&limit=1000&cursor=${encodeURIComponent(next)}`);
+        if (!Array.isArray(page && page.usage)) return page;
+        usage.push(...page.usage);
+        next = page.next;
+      }
+      return usage ? { usage } : first;
+    }
+
     async function load() {
       const mine = ++generation;
       const { sub, admin } = viewer();
@@ -265,8 +279,8 @@ window.PortcullisUsage = (() => {
       status('Loading usage…');
       // Your own keys by owner (an administrator would otherwise get everyone's keys here);
       // everyone's per owner and day only for an administrator.
-      const requests = [api('GET', `/v1/usage?${range}&group_by=day,key${sub ? `&owner=${encodeURIComponent(sub)}` : ''}`)];
-      if (admin) requests.push(api('GET', `/v1/usage?${range}&group_by=day`));
+      const requests = [allPages(`/v1/usage?${range}&group_by=day,key${sub ? `&owner=${encodeURIComponent(sub)}` : ''}`)];
+      if (admin) requests.push(allPages(`/v1/usage?${range}&group_by=day`));
       const [own, all] = await Promise.allSettled(requests);
       if (mine !== generation) return;
       const rowsOf = (r) => (r && r.status === 'fulfilled' && Array.isArray(r.value && r.value.usage) ? r.value.usage : null);

@@ -68,6 +68,10 @@ pub enum Command {
         /// are always split by owner).
         #[arg(long)]
         group_by: Option<String>,
+        /// Print at most this many rows (in order), and say on stderr how many were left
+        /// out; default: every row.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        limit: Option<u64>,
     },
 }
 
@@ -147,7 +151,13 @@ pub fn run(cli: Cli) -> Result<(), String> {
             from,
             to,
             group_by,
-        } => usage::run(&config, from.as_deref(), to.as_deref(), group_by.as_deref()),
+            limit,
+        } => usage::run(
+            &config,
+            (from.as_deref(), to.as_deref()),
+            group_by.as_deref(),
+            limit,
+        ),
     }
 }
 

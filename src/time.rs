@@ -38,14 +38,6 @@ impl Clock {
     }
 }
 
-/// Now, in unix milliseconds: the stamp of a budget change.
-pub fn unix_now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 /// `2026-01-05T10:11:12Z` from unix seconds.
 pub fn rfc3339(secs: i64) -> String {
     let (y, mo, d, h, mi, s) = civil(secs);

@@ -14,7 +14,7 @@ use super::reply::{store_failed, Reply};
 use super::KeyEvent;
 use crate::auth::api_keys::{Budget, KeyStore, Subject, WindowStarts, WindowUsage};
 use crate::auth::Principal;
-use crate::time::{rfc3339, unix_now, unix_now_ms};
+use crate::time::{rfc3339, unix_now};
 
 /// The `budget` member of a request body: absent (`None`), or the budget it sets (empty for
 /// `null` or `{}`: no budget), or the message of a 400 naming what is wrong. Duplicate members
@@ -323,7 +323,7 @@ pub async fn put_owner(
         Ok(budget) => budget,
         Err(message) => return (Reply::error(400, "bad_request", Some(&message)), None),
     };
-    if let Err(e) = store.set_owner_budget(&owner, &budget, unix_now_ms()).await {
+    if let Err(e) = store.set_owner_budget(&owner, &budget).await {
         return (store_failed("set an owner's budget", &e), None);
     }
     let event = KeyEvent {

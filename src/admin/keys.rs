@@ -16,7 +16,7 @@ use crate::auth::token::KeyId;
 use crate::auth::Principal;
 use crate::scope::Scope;
 use crate::time::rfc3339;
-use crate::time::{parse_lifetime, unix_now, unix_now_ms};
+use crate::time::{parse_lifetime, unix_now};
 
 /// Longest key name, in characters: it is a label for people, shown in lists.
 const MAX_NAME_CHARS: usize = 64;
@@ -214,11 +214,7 @@ impl Ops<'_> {
         if let Some(refused) = rule.await {
             return (refused, None);
         }
-        match self
-            .store
-            .set_key_budget(key_id.as_str(), &budget, unix_now_ms())
-            .await
-        {
+        match self.store.set_key_budget(key_id.as_str(), &budget).await {
             Ok(true) => {}
             Ok(false) => return (Reply::error(404, "not_found", None), None),
             Err(e) => return (store_failed("set a key's budget", &e), None),

@@ -9,7 +9,7 @@ pub const DEFAULT_LIMIT: u32 = 100;
 /// of rows whatever it asks for.
 pub const MAX_LIMIT: u32 = 1000;
 
-const BAD_LIMIT: &str = "limit must be a whole number of at least 1 (pages hold at most 1000)";
+pub const BAD_LIMIT: &str = "limit must be a whole number of at least 1 (pages hold at most 1000)";
 const BAD_CURSOR: &str =
     "cursor is not one this API gave out: send the `next` of the previous page";
 
@@ -41,7 +41,7 @@ impl ListQuery {
     }
 }
 
-fn parse_limit(value: &str) -> Option<u32> {
+pub fn parse_limit(value: &str) -> Option<u32> {
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }

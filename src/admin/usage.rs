@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use super::paging;
 use super::reply::{store_failed, Reply};
 use crate::auth::api_keys::{KeyStore, UsageTotal};
 use crate::auth::Principal;
@@ -72,11 +73,47 @@ pub async fn report(
         }
         q.owner = Some(caller.id.to_string());
     }
+    let (limit, from) = match page(query) {
+        Ok(page) => page,
+        Err(message) => return Reply::error(400, "bad_request", Some(message)),
+    };
     let totals = match store.usage(&q).await {
         Ok(totals) => totals,
         Err(e) => return store_failed("read usage", &e),
     };
-    let rows: Vec<Row> = totals.iter().map(Row::of).collect();
-    let body = serde_json::json!({ "usage": rows });
+    let start = from.min(totals.len());
+    let end = start.saturating_add(limit).min(totals.len());
+    let rows: Vec<Row> = totals[start..end].iter().map(Row::of).collect();
+    let next = (end < totals.len()).then(|| format!("{end:016x}"));
+    let body = serde_json::json!({ "usage": rows, "next": next });
     Reply::json(200, serde_json::to_vec(&body).unwrap_or_default())
+}
+
+const BAD_CURSOR: &str =
+    "cursor is not one this API gave out: send the `next` of the previous page";
+
+/// The page asked for: `limit` (default 100, at most 1000) rows from the position `cursor`
+/// names (the previous page's `next`: the index of its first row, 16 hex digits; rows are in a
+/// fixed order, and the ledger of past days only grows in counts, not in rows).
+fn page(query: Option<&str>) -> Result<(usize, usize), &'static str> {
+    let (mut limit, mut from) = (paging::DEFAULT_LIMIT, 0);
+    for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match &*name {
+            "limit" => limit = paging::parse_limit(&value).ok_or(paging::BAD_LIMIT)?,
+            "cursor" => {
+                let well_formed = value.len() == 16
+                    && value
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                let position = well_formed.then(|| u64::from_str_radix(&value, 16).ok());
+                from = position
+                    .flatten()
+                    .ok_or(BAD_CURSOR)?
+                    .try_into()
+                    .unwrap_or(usize::MAX);
+            }
+            _ => {}
+        }
+    }
+    Ok((limit as usize, from))
 }

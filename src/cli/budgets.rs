@@ -14,7 +14,7 @@ use crate::auth::api_keys::{
 };
 use crate::auth::token::KeyId;
 use crate::config::Config;
-use crate::time::{rfc3339, unix_now, unix_now_ms};
+use crate::time::{rfc3339, unix_now};
 
 /// The four limits, each a whole number (or `none` to remove that limit).
 #[derive(Args, Debug, Default)]
@@ -136,7 +136,7 @@ pub async fn set_key(
         ));
     }
     let budget = wanted(flags, clear, record.budget)?;
-    let set = store.set_key_budget(key_id, &budget, unix_now_ms()).await;
+    let set = store.set_key_budget(key_id, &budget).await;
     match set {
         Ok(true) => {}
         Ok(false) => return Err(format!("no key with id {key_id}")),
@@ -189,7 +189,7 @@ pub fn owners(command: OwnersCommand) -> Result<(), String> {
             .map_err(|e| format!("cannot read the owner's budget: {e}"))?;
         let budget = wanted(&flags, clear, now.unwrap_or_default())?;
         store
-            .set_owner_budget(&owner, &budget, unix_now_ms())
+            .set_owner_budget(&owner, &budget)
             .await
             .map_err(|e| format!("cannot set the budget: {e}"))?;
         record_event(

@@ -8,9 +8,9 @@ use crate::time::{date, unix_now};
 
 pub fn run(
     config: &std::path::Path,
-    from: Option<&str>,
-    to: Option<&str>,
+    (from, to): (Option<&str>, Option<&str>),
     group_by: Option<&str>,
+    limit: Option<u64>,
 ) -> Result<(), String> {
     // Checked before the store is opened: a typo costs no connection.
     let query = usage_query(from, to, group_by, None, unix_now()).map_err(|e| {
@@ -33,7 +33,14 @@ pub fn run(
             .await
             .map_err(|e| format!("cannot read usage: {e}"))
     })?;
-    print!("{}", table(&totals, &query.group));
+    let shown = limit.map_or(totals.len(), |n| (n as usize).min(totals.len()));
+    print!("{}", table(&totals[..shown], &query.group));
+    if shown < totals.len() {
+        eprintln!(
+            "{shown} of {} rows shown (--limit); raise it or narrow --from/--to to see the rest",
+            totals.len()
+        );
+    }
     Ok(())
 }
 

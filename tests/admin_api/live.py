@@ -340,13 +340,32 @@ def usage(res, gw, doc, token):
         expect(rows, "the data-plane call never reached the ledger")
         expect(all(row["owner"] == sub for row in rows), f"rows of another owner: {rows}")
         expect(all(set(row) >= {"key", "service"} and "day" not in row for row in rows), f"grouping: {rows}")
+        # Paged like GET /v1/keys: a page of one row at a time, following `next`, gives the
+        # rows of one page of up to 1000, in the same order.
+        whole = requests.get(gw.admin + "/v1/usage", params={"limit": "1000"}, headers=bearer(token),
+                             timeout=HTTP_TIMEOUT).json()
+        expect(whole["next"] is None, f"one page holds it all: {whole}")
+        paged, cursor = [], None
+        while True:
+            params = {"limit": "1"} | ({"cursor": cursor} if cursor else {})
+            page = requests.get(gw.admin + "/v1/usage", params=params, headers=bearer(token), timeout=HTTP_TIMEOUT)
+            expect_eq(page.status_code, 200, f"page after {cursor}")
+            validate_against(doc, "#/components/schemas/UsageReport", page.json(), "usage page")
+            expect(len(page.json()["usage"]) <= 1, f"over the limit: {page.json()}")
+            paged += page.json()["usage"]
+            cursor = page.json()["next"]
+            if cursor is None:
+                break
+        expect_eq(paged, whole["usage"], "the pages, one after the other")
         for params, status in (({"from": "2026-02-30"}, 400), ({"group_by": "user"}, 400),
-                               ({"from": "2026-03-02", "to": "2026-03-01"}, 400), ({"owner": sub + "-other"}, 403)):
+                               ({"from": "2026-03-02", "to": "2026-03-01"}, 400), ({"owner": sub + "-other"}, 403),
+                               ({"limit": "0"}, 400), ({"cursor": "not-a-cursor"}, 400)):
             r = requests.get(gw.admin + "/v1/usage", params=params, headers=bearer(token), timeout=HTTP_TIMEOUT)
             expect_eq(r.status_code, status, f"{params}")
             validate_against(doc, "#/components/schemas/Error", r.json(), f"{params}: body")
-        return f"{sum(row['requests'] for row in rows)} request(s) of {sub!r}"
-    res.check("[live] GET /v1/usage shows the caller's own data-plane calls; bad parameters → 400, another owner → 403",
+        return f"{sum(row['requests'] for row in rows)} request(s) of {sub!r}, {len(paged)} row(s) paged one by one"
+    res.check("[live] GET /v1/usage shows the caller's own data-plane calls, in pages; bad parameters → 400, "
+              "another owner → 403",
               report)
 
 

@@ -315,4 +315,17 @@ async fn a_caller_cannot_grow_the_ledger_with_model_names_it_makes_up() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(!text.contains(['\u{1b}', '\r', '\u{202e}']), "{text:?}");
     assert!(text.contains("evil\\u{1b}[2K\\u{d}forged"), "{text}");
+    // And the report is as long as the operator asks.
+    let out = tokio::task::block_in_place(|| {
+        testkit::cli(
+            &gw.config,
+            &["usage", "--group-by", "key,model", "--limit", "5"],
+        )
+    });
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().lines().count(),
+        1 + 5
+    );
+    let note = String::from_utf8(out.stderr).unwrap();
+    assert!(note.starts_with("5 of 34 rows shown"), "{note}");
 }

@@ -42,12 +42,20 @@ where
     Ok(Budget::from_limits(limits))
 }
 
+/// Now in unix milliseconds, on the store's own clock: a change's stamp, so a writer whose
+/// clock lags (a CLI on another host) is never stamped in the pollers' past.
+pub(super) fn store_now_ms(mark: char) -> &'static str {
+    match mark {
+        '$' => "CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)",
+        _ => "CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)",
+    }
+}
+
 /// `KeyStore::set_key_budget`: the limits and the stamp, in one statement.
 pub(super) async fn set_key<DB>(
     pool: &Pool<DB>,
     key_id: &str,
     budget: &Budget,
-    at_ms: i64,
     mark: char,
 ) -> Result<bool, StoreError>
 where
@@ -65,8 +73,9 @@ where
     let [hour, day, month, requests] = columns(budget)?;
     let sql = format!(
         "UPDATE api_keys SET tokens_per_hour = {mark}2, tokens_per_day = {mark}3, \
-         tokens_per_month = {mark}4, requests_per_day = {mark}5, budget_changed_at = {mark}6 \
-         WHERE key_id = {mark}1 RETURNING key_id"
+         tokens_per_month = {mark}4, requests_per_day = {mark}5, budget_changed_at = {now} \
+         WHERE key_id = {mark}1 RETURNING key_id",
+        now = store_now_ms(mark)
     );
     let found = sqlx::query(&sql)
         .bind(key_id)
@@ -74,7 +83,6 @@ where
         .bind(day)
         .bind(month)
         .bind(requests)
-        .bind(at_ms)
         .fetch_optional(pool)
         .await?;
     Ok(found.is_some())
@@ -110,7 +118,6 @@ pub(super) async fn set_owner<DB>(
     pool: &Pool<DB>,
     owner: &str,
     budget: &Budget,
-    at_ms: i64,
     mark: char,
 ) -> Result<(), StoreError>
 where
@@ -128,10 +135,11 @@ where
     let [hour, day, month, requests] = columns(budget)?;
     let sql = format!(
         "INSERT INTO owner_budgets (owner, {LIMITS}, changed_at) \
-         VALUES ({mark}1, {mark}2, {mark}3, {mark}4, {mark}5, {mark}6) \
+         VALUES ({mark}1, {mark}2, {mark}3, {mark}4, {mark}5, {now}) \
          ON CONFLICT (owner) DO UPDATE SET tokens_per_hour = excluded.tokens_per_hour, \
          tokens_per_day = excluded.tokens_per_day, tokens_per_month = excluded.tokens_per_month, \
-         requests_per_day = excluded.requests_per_day, changed_at = excluded.changed_at"
+         requests_per_day = excluded.requests_per_day, changed_at = excluded.changed_at",
+        now = store_now_ms(mark)
     );
     sqlx::query(&sql)
         .bind(owner)
@@ -139,7 +147,6 @@ where
         .bind(day)
         .bind(month)
         .bind(requests)
-        .bind(at_ms)
         .execute(pool)
         .await?;
     Ok(())

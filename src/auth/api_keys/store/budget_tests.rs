@@ -31,7 +31,6 @@ fn budget(limits: [Option<u64>; 4]) -> Budget {
 /// Keys and owners: written, read back, stamped, cleared (keeping the stamp).
 async fn budgets_are_kept_and_stamped(store: &dyn KeyStore) {
     let day = budget([None, Some(100_000), None, Some(500)]);
-    let before = crate::time::unix_now_ms();
     store.insert(&key("b1", "alice", day)).await.unwrap();
     store
         .insert(&key("b2", "alice", Budget::default()))
@@ -55,42 +54,45 @@ async fn budgets_are_kept_and_stamped(store: &dyn KeyStore) {
     let page = store.page(Some("alice"), None, 10).await.unwrap();
     assert!(page.iter().any(|k| k.budget == day));
 
-    // Only the key made with a budget is stamped, with the time it was written.
+    // Only the key made with a budget is stamped, on the store's clock.
     let changes = store.budget_changes(0).await.unwrap();
     assert_eq!(changes.len(), 1, "{changes:?}");
     assert_eq!(changes[0].subject, Subject::Key("b1".into()));
     assert_eq!(changes[0].budget, day);
-    assert!(changes[0].changed_at_ms >= before, "{changes:?}");
+    // The test runs on the store's host: its clock agrees with this one within seconds.
+    let now = |ms: i64| (ms - crate::time::unix_now() * 1000).abs() < 60_000;
+    assert!(now(changes[0].changed_at_ms), "{changes:?}");
 
-    // Set on the other key; an unknown key is not found; the stamps are the writer's.
+    // Set on the other key; an unknown key is not found.
     let hour = budget([Some(u64::MAX >> 1), None, None, None]);
-    assert!(store.set_key_budget("b2", &hour, 5_000).await.unwrap());
-    assert!(!store.set_key_budget("nope", &hour, 5_000).await.unwrap());
+    assert!(store.set_key_budget("b2", &hour).await.unwrap());
+    assert!(!store.set_key_budget("nope", &hour).await.unwrap());
     assert_eq!(store.find("b2").await.unwrap().unwrap().record.budget, hour);
     assert!(store
-        .set_key_budget("b2", &budget([Some(u64::MAX), None, None, None]), 5_000)
+        .set_key_budget("b2", &budget([Some(u64::MAX), None, None, None]))
         .await
         .is_err());
 
     // Owners: none, set, changed, cleared; a clear is still a change pollers see.
     assert_eq!(store.owner_budget("alice").await.unwrap(), None);
     let month = budget([None, None, Some(3_000_000), None]);
-    store
-        .set_owner_budget("alice", &month, 6_000)
-        .await
-        .unwrap();
+    store.set_owner_budget("alice", &month).await.unwrap();
     assert_eq!(store.owner_budget("alice").await.unwrap(), Some(month));
-    store.set_owner_budget("alice", &day, 7_000).await.unwrap();
+    store.set_owner_budget("alice", &day).await.unwrap();
     assert_eq!(store.owner_budget("alice").await.unwrap(), Some(day));
-    store.set_owner_budget("bob", &month, 7_500).await.unwrap();
+    store.set_owner_budget("bob", &month).await.unwrap();
+    let before_clears = store.budget_changes(0).await.unwrap();
+    let newest = before_clears.iter().map(|c| c.changed_at_ms).max().unwrap();
+    // The store's clock moves on (SQLite's is in milliseconds).
+    std::thread::sleep(std::time::Duration::from_millis(5));
 
     // Cleared: the key's limits are gone but its stamp moves on.
     assert!(store
-        .set_key_budget("b2", &Budget::default(), 8_000)
+        .set_key_budget("b2", &Budget::default())
         .await
         .unwrap());
     store
-        .set_owner_budget("alice", &Budget::default(), 9_000)
+        .set_owner_budget("alice", &Budget::default())
         .await
         .unwrap();
     assert_eq!(store.owner_budget("alice").await.unwrap(), None);
@@ -104,26 +106,21 @@ async fn budgets_are_kept_and_stamped(store: &dyn KeyStore) {
         .is_empty());
 
     let mut since: Vec<_> = store
-        .budget_changes(7_500)
+        .budget_changes(newest + 1)
         .await
         .unwrap()
         .into_iter()
-        .map(|c| (c.subject, c.budget, c.changed_at_ms))
+        .map(|c| (c.subject, c.budget))
         .collect();
     since.sort_by(|a, b| a.0.cmp(&b.0));
     let want = vec![
-        (Subject::Key("b1".into()), day, changes[0].changed_at_ms),
-        (Subject::Key("b2".into()), Budget::default(), 8_000),
-        (Subject::Owner("alice".into()), Budget::default(), 9_000),
-        (Subject::Owner("bob".into()), month, 7_500),
+        (Subject::Key("b2".into()), Budget::default()),
+        (Subject::Owner("alice".into()), Budget::default()),
     ];
-    assert_eq!(since, want);
-    assert_eq!(
-        store.budget_changes(9_001).await.unwrap().len(),
-        1,
-        "b1's stamp is now"
-    );
-    assert_eq!(store.budget_changes(0).await.unwrap().len(), 4);
+    assert_eq!(since, want, "only the clears are newer than the sets");
+    let all = store.budget_changes(0).await.unwrap();
+    assert_eq!(all.len(), 4);
+    assert!(all.iter().all(|c| now(c.changed_at_ms)), "{all:?}");
 }
 
 /// 2026-11-25T13:30:00Z: the 25th, so the month holds earlier days.
@@ -237,7 +234,8 @@ async fn budgets_on_postgres() {
     // A clear keeps the row and its stamp; the limits are NULL.
     assert_eq!(
         pg.sql(
-            "SELECT count(*) FROM owner_budgets WHERE tokens_per_day IS NULL AND changed_at = 9000"
+            "SELECT count(*) FROM owner_budgets WHERE owner = 'alice' AND tokens_per_day IS NULL \
+             AND changed_at > 1700000000000"
         ),
         "1"
     );

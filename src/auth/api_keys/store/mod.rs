@@ -155,27 +155,19 @@ pub trait KeyStore: Send + Sync {
     async fn usage(&self, _query: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
         Ok(Vec::new())
     }
-    /// Sets (an empty budget: clears) the budget of a key, stamping the change with `at_ms`;
+    /// Sets (an empty budget: clears) the budget of a key, stamping the change with the
+    /// store's own clock (a writer's may lag);
     /// false if no such key. Test stores keep no budgets.
-    async fn set_key_budget(
-        &self,
-        _key_id: &str,
-        _budget: &Budget,
-        _at_ms: i64,
-    ) -> Result<bool, StoreError> {
+    async fn set_key_budget(&self, _key_id: &str, _budget: &Budget) -> Result<bool, StoreError> {
         Err("this store keeps no budgets".into())
     }
     /// The budget set on an owner, if any.
     async fn owner_budget(&self, _owner: &str) -> Result<Option<Budget>, StoreError> {
         Ok(None)
     }
-    /// Sets (an empty budget: clears) an owner's budget, stamping the change with `at_ms`.
-    async fn set_owner_budget(
-        &self,
-        _owner: &str,
-        _budget: &Budget,
-        _at_ms: i64,
-    ) -> Result<(), StoreError> {
+    /// Sets (an empty budget: clears) an owner's budget, stamping the change with the store's
+    /// own clock.
+    async fn set_owner_budget(&self, _owner: &str, _budget: &Budget) -> Result<(), StoreError> {
         Err("this store keeps no budgets".into())
     }
     /// Every key and owner budget stamped at or after `since_ms`, as it is now (cleared ones

@@ -188,7 +188,8 @@ impl KeyStore for PgStore {
         self.ready().await?;
         let r = &key.record;
         let [hour, day, month, requests] = budget_sql::columns(&r.budget)?;
-        let stamp = (!r.budget.is_empty()).then(crate::time::unix_now_ms);
+        // Stamped on the store's clock when the key has a budget (?14/$14: whether it has).
+        let stamped = (!r.budget.is_empty()).then_some(1i64);
         let mut tx = self.pool.begin().await?;
         if let Some(owner) = &r.owner {
             // Concurrent creates for one owner (on any gateway) take turns from the count to
@@ -203,7 +204,9 @@ impl KeyStore for PgStore {
             "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner,
                  tokens_per_hour, tokens_per_day, tokens_per_month, requests_per_day,
                  budget_changed_at)
-             SELECT $1, $2, $3, $4, $5, $6, $7, $10, $11, $12, $13, $14
+             SELECT $1, $2, $3, $4, $5, $6, $7, $10, $11, $12, $13,
+                 CASE WHEN $14::bigint IS NULL THEN NULL
+                     ELSE CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT) END
              WHERE $7::text IS NULL OR (SELECT count(*) FROM api_keys WHERE owner = $7
                  AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $8)) < $9",
         )
@@ -220,7 +223,7 @@ impl KeyStore for PgStore {
         .bind(day)
         .bind(month)
         .bind(requests)
-        .bind(stamp)
+        .bind(stamped)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -320,14 +323,9 @@ impl KeyStore for PgStore {
         usage::report(&self.pool, q, true).await
     }
 
-    async fn set_key_budget(
-        &self,
-        key_id: &str,
-        budget: &Budget,
-        at_ms: i64,
-    ) -> Result<bool, StoreError> {
+    async fn set_key_budget(&self, key_id: &str, budget: &Budget) -> Result<bool, StoreError> {
         self.ready().await?;
-        budget_sql::set_key(&self.pool, key_id, budget, at_ms, '$').await
+        budget_sql::set_key(&self.pool, key_id, budget, '$').await
     }
 
     async fn owner_budget(&self, owner: &str) -> Result<Option<Budget>, StoreError> {
@@ -335,14 +333,9 @@ impl KeyStore for PgStore {
         budget_sql::owner_budget(&self.pool, owner, '$').await
     }
 
-    async fn set_owner_budget(
-        &self,
-        owner: &str,
-        budget: &Budget,
-        at_ms: i64,
-    ) -> Result<(), StoreError> {
+    async fn set_owner_budget(&self, owner: &str, budget: &Budget) -> Result<(), StoreError> {
         self.ready().await?;
-        budget_sql::set_owner(&self.pool, owner, budget, at_ms, '$').await
+        budget_sql::set_owner(&self.pool, owner, budget, '$').await
     }
 
     async fn budget_changes(&self, since_ms: i64) -> Result<Vec<BudgetChange>, StoreError> {

@@ -161,13 +161,15 @@ impl KeyStore for SqliteStore {
     async fn insert_capped(&self, key: &StoredKey, cap: u32, now: i64) -> Result<bool, StoreError> {
         let r = &key.record;
         let [hour, day, month, requests] = budget_sql::columns(&r.budget)?;
-        let stamp = (!r.budget.is_empty()).then(crate::time::unix_now_ms);
+        // Stamped on the store's clock when the key has a budget (?14/$14: whether it has).
+        let stamped = (!r.budget.is_empty()).then_some(1i64);
         // One statement: SQLite holds the write lock from the count to the insert.
         let done = sqlx::query(
             "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner,
                  tokens_per_hour, tokens_per_day, tokens_per_month, requests_per_day,
                  budget_changed_at)
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?11, ?12, ?13, ?14
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?11, ?12, ?13,
+                 CASE WHEN ?14 IS NULL THEN NULL ELSE CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER) END
              WHERE ?7 IS NULL OR (SELECT count(*) FROM api_keys WHERE owner = ?7
                  AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?8)) < ?9",
         )
@@ -184,7 +186,7 @@ impl KeyStore for SqliteStore {
         .bind(day)
         .bind(month)
         .bind(requests)
-        .bind(stamp)
+        .bind(stamped)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
@@ -256,26 +258,16 @@ impl KeyStore for SqliteStore {
         usage::report(&self.pool, q, false).await
     }
 
-    async fn set_key_budget(
-        &self,
-        key_id: &str,
-        budget: &Budget,
-        at_ms: i64,
-    ) -> Result<bool, StoreError> {
-        budget_sql::set_key(&self.pool, key_id, budget, at_ms, '?').await
+    async fn set_key_budget(&self, key_id: &str, budget: &Budget) -> Result<bool, StoreError> {
+        budget_sql::set_key(&self.pool, key_id, budget, '?').await
     }
 
     async fn owner_budget(&self, owner: &str) -> Result<Option<Budget>, StoreError> {
         budget_sql::owner_budget(&self.pool, owner, '?').await
     }
 
-    async fn set_owner_budget(
-        &self,
-        owner: &str,
-        budget: &Budget,
-        at_ms: i64,
-    ) -> Result<(), StoreError> {
-        budget_sql::set_owner(&self.pool, owner, budget, at_ms, '?').await
+    async fn set_owner_budget(&self, owner: &str, budget: &Budget) -> Result<(), StoreError> {
+        budget_sql::set_owner(&self.pool, owner, budget, '?').await
     }
 
     async fn budget_changes(&self, since_ms: i64) -> Result<Vec<BudgetChange>, StoreError> {
