@@ -43,6 +43,8 @@ pub struct Metering {
     pub flush_seconds: Option<u64>,
     /// Distinct models recorded per key (or JWT subject) and hour; the rest as `(other)`.
     pub max_models_per_key_hour: Option<u64>,
+    /// How long the upstream's answer is still read, for its usage, after the client left.
+    pub tail_seconds: Option<u64>,
 }
 
 /// `[dns]`: where upstream host names are resolved.

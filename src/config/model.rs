@@ -58,6 +58,9 @@ pub struct MeteringSettings {
     pub flush: Duration,
     /// `max_models_per_key_hour`: rows per caller and hour are bounded, whatever it sends.
     pub max_models_per_key_hour: usize,
+    /// `tail_seconds`: after the client left, how long the upstream's answer on a metered
+    /// endpoint is still read (and dropped) for its usage; zero: not at all.
+    pub tail: Duration,
 }
 
 #[derive(Debug, Clone)]

@@ -370,9 +370,14 @@ impl Validator<'_> {
                 "must be from 1 to 10000",
             );
         }
+        let tail = m.as_ref().and_then(|m| m.tail_seconds).unwrap_or(30);
+        if tail > 3600 {
+            self.problem("metering.tail_seconds", "must be from 0 to 3600");
+        }
         MeteringSettings {
             flush: Duration::from_secs(seconds.max(1)),
             max_models_per_key_hour: models.clamp(1, 10_000) as usize,
+            tail: Duration::from_secs(tail.min(3600)),
         }
     }
 

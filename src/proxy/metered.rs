@@ -216,6 +216,17 @@ impl Metered {
         Some(reason)
     }
 
+    /// Whether an answer's usage may still come: it generates, its coding is read, and no
+    /// usage report was seen yet (or only a Messages stream's opening one).
+    pub fn usage_pending(&self) -> bool {
+        let read = self.scanner.as_ref().and_then(UsageScanner::usage);
+        let opening = self
+            .scanner
+            .as_ref()
+            .is_some_and(UsageScanner::opening_only);
+        !self.free && self.scanner.is_some() && (read.is_none() || opening)
+    }
+
     /// What the exchange was charged, once settled.
     pub fn charged(&self) -> Option<&Charged> {
         self.charged.as_ref()

@@ -55,6 +55,8 @@ pub struct Gateway {
     meter: Arc<Meter>,
     /// `[budgets]`: limits on what keys and owners may use.
     budgets: Option<Arc<Budgets>>,
+    /// `[metering] tail_seconds`: how long a metered answer is read on after the client left.
+    tail: Option<Duration>,
 }
 
 /// What `request_filter` decided, taken out of the borrowed request before acting on it.
@@ -93,6 +95,7 @@ impl Gateway {
             access_log,
             meter,
             budgets,
+            tail: Some(config.metering.tail).filter(|t| !t.is_zero()),
         }
     }
 
@@ -455,6 +458,13 @@ impl ProxyHttp for Gateway {
             access_log::path_only(req.raw_path()),
             ctx.request_id.as_str()
         )
+    }
+
+    fn tail_after_client_left(&self, _session: &Session, ctx: &RequestCtx) -> Option<Duration> {
+        // 6b. The client left before the usage report: read on for it (metered answers only).
+        ctx.exchange
+            .as_ref()
+            .and_then(|x| x.metered.usage_pending().then_some(self.tail?))
     }
 
     fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {

@@ -718,12 +718,14 @@ async fn api_budgets(f: &Fixture) {
     );
     assert_eq!(f.get("/v1/owners/alice/budget/x", &admin).0, 404);
 
-    // On record: who changed which key or owner, and what is set now.
-    let events: Vec<Value> = f
-        .events()
-        .into_iter()
-        .filter(|e| e["key_event"] == "budget")
-        .collect();
+    // On record: who changed which key or owner, and what is set now. The access log is
+    // written by a thread of its own: wait for the seven lines.
+    let budget_events = || -> Vec<Value> {
+        (f.events().into_iter())
+            .filter(|e| e["key_event"] == "budget")
+            .collect()
+    };
+    let events = wait_for(budget_events, |e| e.len() >= 7);
     let seen: Vec<(Value, Value, Value, Value)> = events
         .iter()
         .map(|e| {

@@ -45,6 +45,8 @@ pub struct Setup<'a> {
     pub max_body: Option<u64>,
     /// Lines added to the `chat` service's table.
     pub chat_lines: &'a str,
+    /// Lines added to `[metering]`.
+    pub metering: &'a str,
 }
 
 impl Fixture {
@@ -61,8 +63,8 @@ impl Fixture {
     pub fn gateway(&self, setup: &Setup<'_>) -> Gateway {
         let mut extra = format!(
             "[auth.jwt]\nissuer = \"{}\"\naudience = \"portcullis\"\n\
-             [metering]\nflush_seconds = 1\n[budgets]\n{}\n",
-            self.idp.issuer, setup.budgets
+             [metering]\nflush_seconds = 1\n{}\n[budgets]\n{}\n",
+            self.idp.issuer, setup.metering, setup.budgets
         );
         if let Some(url) = setup.redis {
             extra.push_str(&format!("[rate_limits]\nredis = \"{url}\"\n"));

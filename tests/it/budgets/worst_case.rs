@@ -226,26 +226,56 @@ async fn usage_that_cannot_be_read_or_believed_is_charged_the_whole_reservation(
     assert_eq!(metric(&gw, implausible), 1.0);
     let listed = portcullis(&gw, &["keys", "list"]);
     assert!(listed.contains(&id), "{listed}");
-    // A client that leaves before the usage report: its hidden reasoning is never visible in
-    // the stream, so it is charged its reservation, not a token per event it saw.
+    // A client that leaves before the usage report: the gateway reads on (tail_seconds) and
+    // charges what the upstream reports, hidden reasoning included, not what the client saw.
     let streamed = chat(true, json!({"max_tokens": 300}));
-    let path = format!("{CHAT}?usage=cap&n=40&gap_ms=50");
+    leave_early(gw.port, &k, &streamed, "usage=cap&n=20&gap_ms=50");
+    let (used, requests) = tokio::task::block_in_place(|| ledger_of(&gw, &id));
+    assert_eq!(requests, 3);
+    assert_eq!(
+        used,
+        2 * reserved + 21 + 300,
+        "the upstream's own count, read after the client left"
+    );
+}
+
+/// Sends a streamed chat and leaves after the first read.
+fn leave_early(port: u16, key: &str, body: &str, query: &str) {
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {k}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{streamed}",
-        streamed.len()
+        "POST {CHAT}?{query} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     );
     tokio::task::block_in_place(|| {
         use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.write_all(request.as_bytes()).unwrap();
         let mut seen = [0u8; 2048];
         let _ = s.read(&mut seen).unwrap();
     });
-    let streamed_reservation = (streamed.len() as u64).div_ceil(4) + 300;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_tail_outlasts_tail_seconds_is_charged_its_reservation() {
+    let fx = Fixture::start().await;
+    let gw = fx.gateway(&Setup {
+        metering: "tail_seconds = 1",
+        ..Setup::default()
+    });
+    let (k, id) = key(&gw, &["--tokens-per-day", "100000"]);
+    let streamed = chat(true, json!({"max_tokens": 300}));
+    // 4 s of stream: the usage report comes long after the one second the tail may take.
+    leave_early(gw.port, &k, &streamed, "usage=cap&n=40&gap_ms=100");
     let (used, requests) = tokio::task::block_in_place(|| ledger_of(&gw, &id));
-    assert_eq!(requests, 3);
-    assert_eq!(used, 2 * reserved + streamed_reservation);
+    assert_eq!(requests, 1);
+    assert_eq!(used, (streamed.len() as u64).div_ceil(4) + 300);
+    // The upstream's connection was dropped once the tail was over, before the stream's end.
+    let stream = fx.up.stream(0);
+    let stream = stream.lock().unwrap();
+    assert!(
+        !stream.finished && stream.aborted.is_some(),
+        "the upstream's stream was cut"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
