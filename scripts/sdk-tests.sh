@@ -30,7 +30,7 @@ need node "the Node SDK and the identity provider need Node.js"
 need npm "the Node packages are installed with npm"
 
 # ---- Python: a virtualenv with the pinned openai SDK; Node: openai and oidc-provider ----
-python_venv "$VENV" "$SDK/requirements.txt" "openai, anthropic"
+python_venv "$VENV" "$SDK/requirements.txt" "openai, anthropic, requests"
 npm_ci "$SDK"
 gateway_binary "$BIN"
 gateway_binary "$UPSTREAM"

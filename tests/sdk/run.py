@@ -40,6 +40,7 @@ import zlib
 
 import anthropic
 import openai
+import requests
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (  # noqa: E402  (tests/harness.py)
@@ -224,6 +225,8 @@ class Gateway:
             f'[services.{s}]\nupstream = "http://127.0.0.1:{upstream_port}/{s}"\nscope = "{s}"\n'
             f'api = "openai"\nread_timeout_seconds = 30\n\n' + (chatx_models if s == "chatx" else "")
             for s in SERVICES)
+        # Nothing listens here: every request to `gone` is a 502 the gateway writes itself.
+        services += f'[services.gone]\nupstream = "http://127.0.0.1:{free_port()}"\nscope = "infer"\n\n'
         with open(self.config, "w") as f:
             f.write(f"""# written by tests/sdk/run.py
 [server]
@@ -578,6 +581,30 @@ def run_sdk_suite(res, gw, label, token, scoped):
         res.check(f"[py {label}] {name}", fn)
 
 
+def connection_reuse_checks(res, gw, token):
+    """A real client that keeps its connections (requests.Session): after an answer the gateway
+    wrote itself, the next request on the session must be answered, never sent into a
+    connection the gateway closes after saying keep-alive. `gone` has no upstream listening
+    (502); POSTs, which no client library replays."""
+    def reuse():
+        session = requests.Session()
+        seen = []
+        for path, status in (("/v1/gone/x", 502), ("/v1/infer/v1/chat/completions", 200),
+                             ("/v1/nope/x", 404), ("/v1/infer/v1/chat/completions", 200),
+                             ("/v1/gone/x", 502), ("/v1/gone/x", 502),
+                             ("/v1/infer/v1/chat/completions", 200)):
+            r = session.post(gw.url + path, json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                             headers={"Authorization": f"Bearer {token}"}, timeout=HTTP_TIMEOUT)
+            expect_eq(r.status_code, status, f"POST {path}")
+            connection = r.headers.get("connection", "").lower()
+            if status == 502:
+                expect_eq(connection, "close", f"the 502 of {path} says whether the connection stays")
+            seen.append(f"{status} {connection or 'keep-alive'}")
+        return ", ".join(seen)
+    res.check("[py] requests.Session keeps working after gateway-written 502s and a 404 (Connection: close "
+              "when it closes)", reuse)
+
+
 def run_budget_suite(res, gw, free_token):
     """The budget checks (tests/sdk/budgets.py), once: `free_token` has no budget."""
     print(f"budgets: {wait_for_a_whole_day()}", flush=True)
@@ -792,6 +819,7 @@ def main():
         if args.only == "all":
             code_token, cc_token = idp_checks(res, gw, idp)
             run_sdk_suite(res, gw, "api-key", key_all, key_embed)
+            connection_reuse_checks(res, gw, key_all)
             run_budget_suite(res, gw, key_all)
             run_node_suite(res, gw, "api-key", key_all, tmp, budgets=True)
             if code_token and cc_token:
