@@ -503,7 +503,10 @@ fn unmetered_paths_and_unstated_cap_are_checked_naming_the_key() {
         "{p}"
     );
     let p = problems(&format!("{MINIMAL}[metering]\ntail_seconds = 3601\n"));
-    assert!(p.contains("metering.tail_seconds: must be from 0 to 3600"), "{p}");
+    assert!(
+        p.contains("metering.tail_seconds: must be from 0 to 3600"),
+        "{p}"
+    );
     let p = problems(&with("default_max_tokens = 0"));
     assert!(
         p.contains("budgets.default_max_tokens: must be at least 1"),
