@@ -284,16 +284,17 @@ impl Budgets {
         &self.cap_rule
     }
 
-    /// Whether `principal`'s key or owner limits tokens (not only requests): its requests
-    /// must then be bounded and metered.
-    pub fn limits_tokens(&self, principal: &Principal) -> bool {
+    /// What applies to `principal`, from one lookup: `None`, no budget; `Some(true)`, its key
+    /// or owner limits tokens (its requests must then be bounded and metered); `Some(false)`,
+    /// requests only.
+    pub fn class_of(&self, principal: &Principal) -> Option<bool> {
         let limits = |b: &Budget| {
             Kind::ALL
                 .iter()
                 .any(|k| k.counts_tokens() && k.limit(b).is_some())
         };
         self.of(principal)
-            .is_some_and(|both| both.iter().flatten().any(|(_, b)| limits(b)))
+            .map(|both| both.iter().flatten().any(|(_, b)| limits(b)))
     }
 
     /// A request's worst case as (prompt estimate, completion cap): what it reserves, and

@@ -153,30 +153,29 @@ impl Validator<'_> {
         if max_body == 0 {
             self.problem("server.max_buffered_body_bytes", "must be at least 1");
         }
-        let total = s
-            .buffered_bodies_max_bytes
-            .unwrap_or(DEFAULT_BUFFERED_BODIES_MAX);
-        if total < max_body {
-            self.problem(
-                "server.buffered_bodies_max_bytes",
-                format!(
-                    "{total} is less than server.max_buffered_body_bytes ({max_body}): \
-                     not even one such body would fit"
-                ),
-            );
-        }
-        let per_caller = s
-            .buffered_bytes_per_caller
-            .unwrap_or(DEFAULT_BUFFERED_BYTES_PER_CALLER);
-        if per_caller < max_body {
-            self.problem(
-                "server.buffered_bytes_per_caller",
-                format!(
-                    "{per_caller} is less than server.max_buffered_body_bytes ({max_body}): \
-                     no caller could send such a body"
-                ),
-            );
-        }
+        // Both hold whole bodies: below one body of the largest size, such a body never fits.
+        let mut room = |key: &str, value: Option<u64>, default: u64, why: &str| {
+            let value = value.unwrap_or(default);
+            if value < max_body {
+                let problem = format!(
+                    "{value} is less than server.max_buffered_body_bytes ({max_body}): {why}"
+                );
+                self.problem(key, problem);
+            }
+            value
+        };
+        let total = room(
+            "server.buffered_bodies_max_bytes",
+            s.buffered_bodies_max_bytes,
+            DEFAULT_BUFFERED_BODIES_MAX,
+            "not even one such body would fit",
+        );
+        let per_caller = room(
+            "server.buffered_bytes_per_caller",
+            s.buffered_bytes_per_caller,
+            DEFAULT_BUFFERED_BYTES_PER_CALLER,
+            "no caller could send such a body",
+        );
         let timeout = s
             .buffered_body_timeout_seconds
             .unwrap_or(DEFAULT_BUFFERED_BODY_TIMEOUT);

@@ -7,11 +7,12 @@
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::auth::Principal;
+use crate::metering::Prehashed;
 
 /// Locks the per-caller counts spread over.
 const SHARDS: usize = 16;
@@ -21,7 +22,7 @@ pub struct Budget {
     used: AtomicU64,
     per_caller: u64,
     /// Bytes held per caller, by the hash of its name; a caller holding nothing has no entry.
-    callers: [Mutex<HashMap<u64, u64>>; SHARDS],
+    callers: [Mutex<HashMap<u64, u64, BuildHasherDefault<Prehashed>>>; SHARDS],
     hasher: RandomState,
 }
 

@@ -34,8 +34,8 @@ pub enum BudgetStop {
 impl Gateway {
     /// The completion cap a request of this caller must have: only with a token budget.
     pub(super) fn cap_rule(&self, ctx: &RequestCtx) -> Option<&CapRule> {
-        let (budgets, principal) = (self.budgets.as_deref()?, ctx.principal.as_ref()?);
-        budgets.limits_tokens(principal).then(|| budgets.cap_rule())
+        let budgets = self.budgets.as_deref()?;
+        (ctx.budget_class == Some(true)).then(|| budgets.cap_rule())
     }
 
     /// Reserves the request's budget once what it asks is known: at once for a request
@@ -44,7 +44,9 @@ impl Gateway {
         let (Some(budgets), Some(principal)) = (&self.budgets, &ctx.principal) else {
             return Ok(());
         };
-        if ctx.budget_decided {
+        // No budget at all (looked up when the caller was authorised): nothing to decide.
+        if ctx.budget_decided || ctx.budget_class.is_none() {
+            ctx.budget_decided = true;
             return Ok(());
         }
         let Some(budgeted) = budgets.of(principal) else {

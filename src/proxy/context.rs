@@ -82,6 +82,9 @@ pub struct RequestCtx {
     pub reached_replica: bool,
     /// The caller's budgets were checked (once per request).
     pub budget_decided: bool,
+    /// Which budgets apply to the caller, looked up once when it is authorised
+    /// (`Budgets::class_of`): none, requests only, or tokens.
+    pub budget_class: Option<bool>,
     /// What the request reserved of its budgets, settled when it ends.
     pub budget: Option<Box<crate::budgets::Reservation>>,
     /// The gateway refused the request after its head went upstream but before its body did
@@ -112,6 +115,7 @@ impl Default for RequestCtx {
             tried: 0,
             reached_replica: false,
             budget_decided: false,
+            budget_class: None,
             budget: None,
             budget_refusal: None,
             refused_held: false,

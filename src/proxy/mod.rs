@@ -161,6 +161,7 @@ impl Gateway {
                 }
             }
         }
+        ctx.budget_class = self.budgets.as_ref().and_then(|b| b.class_of(&principal));
         let forward_from = req.raw_path().len() - forward.len();
         let endpoint =
             (route.models()).and_then(|models| Endpoint::of(models.api(), &req.method, forward));
@@ -168,8 +169,8 @@ impl Gateway {
         let settings = &route.settings;
         if settings.models.is_some()
             && endpoint.is_none()
+            && ctx.budget_class == Some(true)
             && !unmetered::allowed(&settings.unmetered_paths, &req.method, forward)
-            && (self.budgets.as_ref()).is_some_and(|b| b.limits_tokens(&principal))
         {
             ctx.forward_from = forward_from;
             return Decision::Reject(GatewayError::EndpointNotMetered);
