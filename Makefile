@@ -82,6 +82,7 @@ bench: test-deps
 fmt:
 	$(CARGO) fmt --all
 
+# `-D warnings` also denies the crate's `unreachable_pub` (src/lib.rs): `pub` means re-exported.
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets --features fuzzing -- -D warnings

@@ -51,7 +51,7 @@ pub enum Malformed {
 }
 
 /// The allowed methods, as sent in `Allow` with a 405.
-pub const ALLOWED_METHODS: &str = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS";
+pub(crate) const ALLOWED_METHODS: &str = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS";
 
 /// `Retry-After` of a 503 overloaded: held bodies finish or time out within seconds.
 const OVERLOADED_RETRY_AFTER: u64 = 1;
@@ -259,7 +259,7 @@ impl GatewayError {
 }
 
 /// Writes a complete response the gateway produced itself.
-pub async fn write_local(
+pub(crate) async fn write_local(
     session: &mut Session,
     header: ResponseHeader,
     body: Bytes,

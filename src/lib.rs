@@ -1,7 +1,10 @@
 //! Portcullis: an authenticated HTTP gateway for LLM APIs on Pingora.
 //!
 //! The modules are private; what the binary, the tests and the benchmarks use is re-exported
-//! below, by name.
+//! below, by name. Everything else is `pub(crate)` at most: `unreachable_pub` warns here and
+//! `make lint` (clippy with `-D warnings`) denies it, so a `pub` item is one this list re-exports.
+
+#![warn(unreachable_pub)]
 
 mod access_log;
 mod admin;

@@ -23,7 +23,7 @@ struct Site {
     suppressed: u64,
 }
 
-pub struct RateLimited {
+pub(crate) struct RateLimited {
     inner: env_logger::Logger,
     sites: Mutex<HashMap<u64, Site>>,
 }
@@ -37,7 +37,7 @@ enum Verdict {
 }
 
 impl RateLimited {
-    pub fn new(inner: env_logger::Logger) -> RateLimited {
+    pub(crate) fn new(inner: env_logger::Logger) -> RateLimited {
         RateLimited {
             inner,
             sites: Mutex::new(HashMap::new()),

@@ -8,7 +8,7 @@ use pingora::protocols::http::ServerSession;
 use crate::metrics::Metrics;
 
 /// The `/metrics` endpoint.
-pub struct MetricsApp(pub std::sync::Arc<Metrics>);
+pub(crate) struct MetricsApp(pub std::sync::Arc<Metrics>);
 
 #[async_trait]
 impl ServeHttp for MetricsApp {

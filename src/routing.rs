@@ -27,7 +27,7 @@ const HEALTH: &[u8] = b"/healthz";
 
 /// Whether the request target names the health endpoint, whatever the method or query:
 /// even a refused request there is the gateway's own (`_local`) business.
-pub fn is_health_target(target: &[u8]) -> bool {
+pub(crate) fn is_health_target(target: &[u8]) -> bool {
     target
         .strip_prefix(HEALTH)
         .is_some_and(|rest| rest.is_empty() || rest[0] == b'?')
@@ -75,7 +75,7 @@ pub fn classify<'a>(method: &Method, target: &'a [u8]) -> Result<Target<'a>, Gat
     })
 }
 
-pub fn is_allowed_method(method: &Method) -> bool {
+pub(crate) fn is_allowed_method(method: &Method) -> bool {
     matches!(
         *method,
         Method::GET

@@ -30,13 +30,13 @@ use crate::rate_limit::Backend;
 use crate::replicas::{DnsRefresh, HealthChecks, MakePeer, Replicas, UpstreamResolver};
 use crate::shutdown::{Connections, Drain, Tracked, Watchdog};
 
-pub struct ServeOptions {
+pub(crate) struct ServeOptions {
     pub daemon: bool,
     pub upgrade: bool,
 }
 
 /// Runs until shutdown. A drained graceful shutdown exits the process from `Drain`.
-pub fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
+pub(crate) fn serve(mut config: Config, options: ServeOptions) -> Result<(), String> {
     // Stores and key sets are opened now, so a bad database path or an unreachable issuer
     // fails at start-up, not on the first request. The runtime is dropped before Pingora forks.
     let metrics = Arc::new(Metrics::new());

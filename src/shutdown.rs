@@ -22,13 +22,13 @@ use crate::metering::Ledger;
 
 /// Open client connections of the proxy service, and whether its listeners are closed.
 #[derive(Default)]
-pub struct Connections {
+pub(crate) struct Connections {
     open: AtomicUsize,
     listeners_closed: AtomicBool,
 }
 
 impl Connections {
-    pub fn open(&self) -> usize {
+    pub(crate) fn open(&self) -> usize {
         self.open.load(Ordering::Acquire)
     }
 }
@@ -43,13 +43,13 @@ impl Drop for Open<'_> {
 
 /// Wraps the proxy app to count each connection for as long as it is served, keep-alive
 /// requests included: a connection is counted until Pingora lets go of it.
-pub struct Tracked<A> {
+pub(crate) struct Tracked<A> {
     inner: Arc<A>,
     connections: Arc<Connections>,
 }
 
 impl<A> Tracked<A> {
-    pub fn new(inner: A, connections: Arc<Connections>) -> Tracked<A> {
+    pub(crate) fn new(inner: A, connections: Arc<Connections>) -> Tracked<A> {
         Tracked {
             inner: Arc::new(inner),
             connections,
@@ -80,7 +80,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Tracked<A> {
 }
 
 /// Exits the process once a graceful shutdown has nothing left to wait for.
-pub struct Drain {
+pub(crate) struct Drain {
     pub connections: Arc<Connections>,
     pub access_log: AccessLog,
     pub ledger: Option<Arc<Ledger>>,
@@ -138,7 +138,7 @@ impl BackgroundService for Drain {
 /// yielding, so that worker never reaches its own shutdown and the process waits for it
 /// forever. The fix belongs in the engine (yield or stop on a failed accept); until then this
 /// bounds the exit, and `logging` bounds the error lines.
-pub struct Watchdog {
+pub(crate) struct Watchdog {
     pub phases: std::sync::Mutex<Option<tokio::sync::broadcast::Receiver<ExecutionPhase>>>,
     pub grace: Duration,
     pub graceful_timeout: Duration,
@@ -147,7 +147,7 @@ pub struct Watchdog {
 }
 
 /// How long a fast shutdown (SIGINT) may take.
-pub const QUICK_BOUND: Duration = Duration::from_secs(2);
+pub(crate) const QUICK_BOUND: Duration = Duration::from_secs(2);
 
 #[async_trait]
 impl BackgroundService for Watchdog {

@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Now, in unix seconds.
-pub fn unix_now() -> i64 {
+pub(crate) fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
@@ -15,22 +15,22 @@ pub fn unix_now() -> i64 {
 /// The clock a component reads "now" from: the system's, or in tests a fixed one, so no
 /// test depends on today's date.
 #[derive(Clone, Debug, Default)]
-pub struct Clock(Option<std::sync::Arc<std::sync::atomic::AtomicI64>>);
+pub(crate) struct Clock(Option<std::sync::Arc<std::sync::atomic::AtomicI64>>);
 
 impl Clock {
     /// The system clock.
-    pub fn system() -> Clock {
+    pub(crate) fn system() -> Clock {
         Clock(None)
     }
 
     /// A clock standing still at `secs`.
     #[cfg(test)]
-    pub fn fixed(secs: i64) -> Clock {
+    pub(crate) fn fixed(secs: i64) -> Clock {
         Clock(Some(std::sync::Arc::new(secs.into())))
     }
 
     /// Now, in unix seconds.
-    pub fn now(&self) -> i64 {
+    pub(crate) fn now(&self) -> i64 {
         match &self.0 {
             Some(t) => t.load(std::sync::atomic::Ordering::Relaxed),
             None => unix_now(),
@@ -39,13 +39,13 @@ impl Clock {
 }
 
 /// `2026-01-05T10:11:12Z` from unix seconds.
-pub fn rfc3339(secs: i64) -> String {
+pub(crate) fn rfc3339(secs: i64) -> String {
     let (y, mo, d, h, mi, s) = civil(secs);
     format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
 }
 
 /// `2026-01-05T10:11:12.345Z`: one formatting pass, since the access log calls it per request.
-pub fn rfc3339_millis(t: SystemTime) -> String {
+pub(crate) fn rfc3339_millis(t: SystemTime) -> String {
     let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let (y, mo, d, h, mi, s) = civil(since.as_secs() as i64);
     let ms = since.subsec_millis();
@@ -69,7 +69,7 @@ fn civil(secs: i64) -> (i64, i64, i64, i64, i64, i64) {
 }
 
 /// `30s`, `15m`, `12h`, `90d`: a whole positive number and one unit.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("{s:?} is not a duration like 30s, 15m, 12h or 90d");
     // Split off the last character, not byte: the input is whatever the user typed.
     let unit = s.chars().next_back().ok_or_else(bad)?;
@@ -94,10 +94,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// The last second of the year 9999 (UTC): RFC 3339 times have four-digit years.
-pub const MAX_EXPIRY: i64 = 253_402_300_799;
+pub(crate) const MAX_EXPIRY: i64 = 253_402_300_799;
 
 /// A key lifetime from `now`: a duration that ends by the year 9999.
-pub fn parse_lifetime(s: &str, now: i64) -> Result<Duration, String> {
+pub(crate) fn parse_lifetime(s: &str, now: i64) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     let fits = i64::try_from(d.as_secs())
         .ok()
@@ -110,13 +110,13 @@ pub fn parse_lifetime(s: &str, now: i64) -> Result<Duration, String> {
 }
 
 /// `2026-01-05` from unix seconds: the UTC day they fall in.
-pub fn date(secs: i64) -> String {
+pub(crate) fn date(secs: i64) -> String {
     let (y, mo, d, ..) = civil(secs);
     format!("{y:04}-{mo:02}-{d:02}")
 }
 
 /// Unix seconds of the starts of the UTC month that `secs` falls in and of the next one.
-pub fn month_bounds(secs: i64) -> (i64, i64) {
+pub(crate) fn month_bounds(secs: i64) -> (i64, i64) {
     let (y, m, ..) = civil(secs);
     let day_start = secs - secs.rem_euclid(86_400);
     let (_, _, d, ..) = civil(secs);
@@ -128,7 +128,7 @@ pub fn month_bounds(secs: i64) -> (i64, i64) {
 
 /// Unix seconds of the start of a UTC day written `YYYY-MM-DD` (years 0001 to 9999), or None
 /// for anything else, impossible dates (`2026-02-30`) included.
-pub fn parse_date(s: &str) -> Option<i64> {
+pub(crate) fn parse_date(s: &str) -> Option<i64> {
     let b = s.as_bytes();
     let digits = |r: std::ops::Range<usize>| {
         b[r.clone()]

@@ -5,7 +5,7 @@
 mod record;
 mod writer;
 
-pub use record::{
+pub(crate) use record::{
     millis, model_name, path_only, HttpFields, KeyEventFields, ProxiedFields, Record,
 };
-pub use writer::{open, AccessLog};
+pub(crate) use writer::{open, AccessLog};

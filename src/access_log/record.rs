@@ -19,7 +19,7 @@ const MAX_PATH: usize = 2048;
 const MAX_MODEL: usize = 256;
 
 #[derive(Serialize)]
-pub struct Record<'a> {
+pub(crate) struct Record<'a> {
     /// When the request started: RFC 3339, UTC, milliseconds.
     pub time: String,
     pub request_id: &'a str,
@@ -39,7 +39,7 @@ pub struct Record<'a> {
 
 /// What every HTTP request logs, on the data plane and the admin listener.
 #[derive(Serialize)]
-pub struct HttpFields<'a> {
+pub(crate) struct HttpFields<'a> {
     pub method: &'a str,
     /// The request path without its query string (`path_only`).
     pub path: Cow<'a, str>,
@@ -53,7 +53,7 @@ pub struct HttpFields<'a> {
 
 /// What a data-plane request logs besides.
 #[derive(Serialize)]
-pub struct ProxiedFields<'a> {
+pub(crate) struct ProxiedFields<'a> {
     pub upstream_ttfb_ms: Option<f64>,
     /// Request body bytes read from the client.
     pub bytes_in: u64,
@@ -79,7 +79,7 @@ pub struct ProxiedFields<'a> {
 
 /// A key created or revoked, or a budget changed, through the key API or the CLI.
 #[derive(Serialize)]
-pub struct KeyEventFields<'a> {
+pub(crate) struct KeyEventFields<'a> {
     /// `created`, `revoked` or `budget`.
     pub key_event: &'static str,
     /// The key concerned; left out of an owner's budget change.
@@ -96,7 +96,7 @@ pub struct KeyEventFields<'a> {
 
 impl<'a> KeyEventFields<'a> {
     /// A key created or revoked, or its budget changed.
-    pub fn key(key_event: &'static str, key_id: &'a str) -> KeyEventFields<'a> {
+    pub(crate) fn key(key_event: &'static str, key_id: &'a str) -> KeyEventFields<'a> {
         KeyEventFields {
             key_event,
             key_id: Some(key_id),
@@ -108,7 +108,7 @@ impl<'a> KeyEventFields<'a> {
 
 impl Record<'_> {
     /// The JSON line, newline included. serde_json escapes whatever odd bytes a path held.
-    pub fn to_line(&self) -> Vec<u8> {
+    pub(crate) fn to_line(&self) -> Vec<u8> {
         let mut line = Vec::with_capacity(384);
         // Serialising plain fields into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut line, self);
@@ -118,7 +118,7 @@ impl Record<'_> {
 }
 
 /// The path without its query, lossily decoded and capped: what any log line may show.
-pub fn path_only(raw: &[u8]) -> Cow<'_, str> {
+pub(crate) fn path_only(raw: &[u8]) -> Cow<'_, str> {
     let end = raw.iter().position(|&b| b == b'?').unwrap_or(raw.len());
     match String::from_utf8_lossy(&raw[..end]) {
         Cow::Borrowed(path) => Cow::Borrowed(cut(path, MAX_PATH)),
@@ -128,7 +128,7 @@ pub fn path_only(raw: &[u8]) -> Cow<'_, str> {
 }
 
 /// A model name as the log may show it: at most 256 bytes.
-pub fn model_name(name: &str) -> &str {
+pub(crate) fn model_name(name: &str) -> &str {
     cut(name, MAX_MODEL)
 }
 
@@ -145,7 +145,7 @@ fn cut(s: &str, max: usize) -> &str {
 }
 
 /// Milliseconds with microsecond precision, as every duration in the log is written.
-pub fn millis(d: Duration) -> f64 {
+pub(crate) fn millis(d: Duration) -> f64 {
     d.as_micros() as f64 / 1000.0
 }
 

@@ -27,21 +27,21 @@ enum Msg {
 
 /// The request path's handle: cheap to clone, never blocks.
 #[derive(Clone)]
-pub struct AccessLog {
+pub(crate) struct AccessLog {
     tx: Option<SyncSender<Msg>>,
 }
 
 impl AccessLog {
-    pub fn off() -> AccessLog {
+    pub(crate) fn off() -> AccessLog {
         AccessLog { tx: None }
     }
 
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.tx.is_some()
     }
 
     /// Queues a line; false if it had to be dropped (queue full or writer gone).
-    pub fn send(&self, line: Vec<u8>) -> bool {
+    pub(crate) fn send(&self, line: Vec<u8>) -> bool {
         match &self.tx {
             Some(tx) => tx.try_send(Msg::Line(line)).is_ok(),
             None => true,
@@ -49,7 +49,7 @@ impl AccessLog {
     }
 
     /// Waits, at most `within`, until every line queued so far is written. For the exit path.
-    pub fn flush(&self, within: Duration) {
+    pub(crate) fn flush(&self, within: Duration) {
         let Some(tx) = &self.tx else { return };
         let deadline = Instant::now() + within;
         let (ack_tx, ack_rx) = mpsc::channel();
@@ -77,7 +77,7 @@ impl AccessLog {
 
 /// Opens the destination now, so a bad path fails at start-up; the writer thread starts with
 /// the returned service.
-pub fn open(settings: &AccessLogSettings) -> io::Result<(AccessLog, AccessLogService)> {
+pub(crate) fn open(settings: &AccessLogSettings) -> io::Result<(AccessLog, AccessLogService)> {
     let sink = match &settings.destination {
         AccessLogDestination::Off => None,
         AccessLogDestination::Stdout => Some(Sink::Stdout(BufWriter::new(io::stdout()))),
@@ -114,7 +114,7 @@ pub fn open(settings: &AccessLogSettings) -> io::Result<(AccessLog, AccessLogSer
 }
 
 /// Starts the writer thread and reopens the file on SIGHUP.
-pub struct AccessLogService {
+pub(crate) struct AccessLogService {
     writer: Mutex<Option<Writer>>,
     reopen: Arc<AtomicBool>,
     log: AccessLog,

@@ -19,7 +19,7 @@ use crate::time::{rfc3339, unix_now};
 /// The `budget` member of a request body: absent (`None`), or the budget it sets (empty for
 /// `null` or `{}`: no budget), or the message of a 400 naming what is wrong. Duplicate members
 /// are refused, which a parse into `serde_json::Value` would hide (it keeps the last).
-pub fn budget_member(body: &[u8]) -> Result<Option<Budget>, String> {
+pub(crate) fn budget_member(body: &[u8]) -> Result<Option<Budget>, String> {
     let mut de = serde_json::Deserializer::from_slice(body);
     match de.deserialize_map(Member) {
         Ok(found) => found,
@@ -179,7 +179,7 @@ fn unknown_member(name: &str) -> String {
 /// An owner may give its keys any budget within its own: in every window where the owner has
 /// a limit, the key's limit must be absent or at most that. The message of the 403 otherwise,
 /// naming the first window over it.
-pub fn beyond_owner(key: &Budget, owner: Option<&Budget>) -> Option<String> {
+pub(crate) fn beyond_owner(key: &Budget, owner: Option<&Budget>) -> Option<String> {
     let owner = owner?;
     Budget::NAMES
         .iter()
@@ -195,7 +195,7 @@ pub fn beyond_owner(key: &Budget, owner: Option<&Budget>) -> Option<String> {
 
 /// Refuses a key budget an owner may not set (`None` when it may: an administrator, or within
 /// the caller's own budget), reading the caller's budget only when the key has one.
-pub async fn check_owner_rule(
+pub(crate) async fn check_owner_rule(
     store: &dyn KeyStore,
     caller: &Principal,
     is_admin: bool,
@@ -212,7 +212,7 @@ pub async fn check_owner_rule(
 }
 
 /// A budget as the API shows it: an object of the limits set, `null` for none.
-pub fn budget_json(budget: &Budget) -> Value {
+pub(crate) fn budget_json(budget: &Budget) -> Value {
     if budget.is_empty() {
         Value::Null
     } else {
@@ -222,7 +222,7 @@ pub fn budget_json(budget: &Budget) -> Value {
 
 /// A key's `used`: for each window its budget limits, the current window's use; `null`
 /// without a budget.
-pub fn key_used_json(budget: &Budget, used: &WindowUsage) -> Value {
+pub(crate) fn key_used_json(budget: &Budget, used: &WindowUsage) -> Value {
     if budget.is_empty() {
         return Value::Null;
     }
@@ -252,7 +252,7 @@ fn owner_json(budget: &Budget, used: &WindowUsage, starts: WindowStarts) -> Valu
 
 /// The `{sub}` of `/v1/owners/{sub}/budget`, percent-decoded: non-empty printable text, or the
 /// message of a 400.
-pub fn owner_in_path(raw: &str) -> Result<String, &'static str> {
+pub(crate) fn owner_in_path(raw: &str) -> Result<String, &'static str> {
     const BAD: &str = "the owner in the path must be non-empty printable text, percent-encoded";
     let bytes = raw.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -280,7 +280,7 @@ pub fn owner_in_path(raw: &str) -> Result<String, &'static str> {
 }
 
 /// `GET /v1/owners/{sub}/budget`: the caller's own, or anyone's for an administrator.
-pub async fn get_owner(
+pub(crate) async fn get_owner(
     store: &dyn KeyStore,
     caller: &Principal,
     is_admin: bool,
@@ -305,7 +305,7 @@ pub async fn get_owner(
 }
 
 /// `PUT /v1/owners/{sub}/budget` with `{"budget": {…} | null}`: administrators only.
-pub async fn put_owner(
+pub(crate) async fn put_owner(
     store: &dyn KeyStore,
     is_admin: bool,
     raw_owner: &str,
@@ -350,7 +350,7 @@ async fn owner_reply(store: &dyn KeyStore, owner: &str, budget: &Budget) -> Repl
 
 /// The body of a `PATCH /v1/keys/{id}` or `PUT /v1/owners/{sub}/budget`: exactly
 /// `{"budget": {…} | null}`. The budget it sets (empty: none), or the message of a 400.
-pub fn budget_body(body: &[u8]) -> Result<Budget, String> {
+pub(crate) fn budget_body(body: &[u8]) -> Result<Budget, String> {
     const SHAPE: &str = "the body must be a JSON object: {\"budget\": {…} or null}";
     let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) else {
         return Err(SHAPE.into());

@@ -12,7 +12,7 @@ const USAGE_JS: &str = include_str!("../../console/usage.js");
 const BUDGETS_JS: &str = include_str!("../../console/budgets.js");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Asset {
+pub(crate) enum Asset {
     Index,
     Script,
     OidcScript,
@@ -22,7 +22,7 @@ pub enum Asset {
 }
 
 impl Asset {
-    pub fn at(path: &str) -> Option<Asset> {
+    pub(crate) fn at(path: &str) -> Option<Asset> {
         match path {
             "/console/" | "/console/index.html" => Some(Asset::Index),
             "/console/console.js" => Some(Asset::Script),
@@ -35,7 +35,7 @@ impl Asset {
     }
 }
 
-pub struct Console {
+pub(crate) struct Console {
     /// Built once at start-up: the issuer, client and scopes do not change while running.
     config_json: &'static [u8],
     /// The page may talk to itself and to the issuer (discovery, token endpoint), nothing else.
@@ -43,7 +43,7 @@ pub struct Console {
 }
 
 impl Console {
-    pub fn new(settings: &AdminSettings, config: &Config) -> Console {
+    pub(crate) fn new(settings: &AdminSettings, config: &Config) -> Console {
         let jwt = config.jwt.as_ref();
         let issuer = jwt.map(|j| j.issuer.as_str()).unwrap_or("");
         let mut scopes = vec!["openid".to_string()];
@@ -85,7 +85,7 @@ impl Console {
         }
     }
 
-    pub fn serve(&self, asset: Asset) -> Reply {
+    pub(crate) fn serve(&self, asset: Asset) -> Reply {
         let reply = match asset {
             Asset::Index => {
                 Reply::static_body(200, "text/html; charset=utf-8", INDEX_HTML.as_bytes())

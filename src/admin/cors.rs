@@ -12,7 +12,7 @@ const MAX_AGE_SECONDS: &str = "600";
 
 /// The request's `Origin`, when it is one of `allowed` (compared case-insensitively, as
 /// scheme and host are). `allowed` holds lower-case origins (see `config::admin`).
-pub fn allowed_origin<'a>(allowed: &[String], req: &'a RequestHeader) -> Option<&'a str> {
+pub(crate) fn allowed_origin<'a>(allowed: &[String], req: &'a RequestHeader) -> Option<&'a str> {
     let origin = req.headers.get(http::header::ORIGIN)?.to_str().ok()?;
     allowed
         .iter()
@@ -23,7 +23,7 @@ pub fn allowed_origin<'a>(allowed: &[String], req: &'a RequestHeader) -> Option<
 /// The answer to an `OPTIONS` request. From an allowed origin asking for a method the route
 /// answers: the methods and headers it may use. Otherwise a plain answer with no CORS headers,
 /// so the browser refuses the call.
-pub fn preflight(allowed: &[String], req: &RequestHeader, methods: &'static str) -> Reply {
+pub(crate) fn preflight(allowed: &[String], req: &RequestHeader, methods: &'static str) -> Reply {
     let reply = Reply::no_content().header("allow", methods);
     let asked = req
         .headers

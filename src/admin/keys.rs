@@ -23,7 +23,7 @@ const MAX_NAME_CHARS: usize = 64;
 /// Most scopes on one key: far more than services a gateway has.
 const MAX_SCOPES: usize = 32;
 
-pub struct Ops<'a> {
+pub(crate) struct Ops<'a> {
     pub store: &'a dyn KeyStore,
     pub evictor: &'a KeyEvictor,
     pub caller: &'a Principal,
@@ -82,7 +82,7 @@ fn bad_request(message: &str) -> Reply {
 }
 
 impl Ops<'_> {
-    pub async fn create(&self, body: &[u8]) -> (Reply, Option<KeyEvent>) {
+    pub(crate) async fn create(&self, body: &[u8]) -> (Reply, Option<KeyEvent>) {
         let spec = match parse_create(body) {
             Ok(spec) => spec,
             Err(message) => return (bad_request(&message), None),
@@ -133,7 +133,7 @@ impl Ops<'_> {
 
     /// One page of keys, newest first: the caller's own, or (for an administrator) every
     /// key or one owner's. One row more than the page is read, to tell whether a next exists.
-    pub async fn list(&self, query: Option<&str>) -> Reply {
+    pub(crate) async fn list(&self, query: Option<&str>) -> Reply {
         let q = match ListQuery::parse(query) {
             Ok(q) => q,
             Err(message) => return bad_request(message),
@@ -197,7 +197,7 @@ impl Ops<'_> {
     /// (`null` or `{}`: none), within the caller's own budget unless it is an administrator.
     /// Answers the key as listed. A revoked key is gone as far as changes go (`404`, as any
     /// resource after its `DELETE`), though listed until its retention ends.
-    pub async fn set_budget(&self, id: &str, body: &[u8]) -> (Reply, Option<KeyEvent>) {
+    pub(crate) async fn set_budget(&self, id: &str, body: &[u8]) -> (Reply, Option<KeyEvent>) {
         let (key_id, mut record) = match self.own_key(id).await {
             Ok(found) => found,
             Err(reply) => return (reply, None),
@@ -235,7 +235,7 @@ impl Ops<'_> {
         (Reply::json(200, body), Some(event))
     }
 
-    pub async fn revoke(&self, id: &str) -> (Reply, Option<KeyEvent>) {
+    pub(crate) async fn revoke(&self, id: &str) -> (Reply, Option<KeyEvent>) {
         let (key_id, record) = match self.own_key(id).await {
             Ok(found) => found,
             Err(reply) => return (reply, None),

@@ -34,7 +34,7 @@ use crate::proxy::RequestId;
 use crate::rate_limit::Limiter;
 use pingora::http::ResponseHeader;
 use reply::Reply;
-pub use retention::Retention;
+pub(crate) use retention::Retention;
 
 /// The metrics and access-log label of every admin request.
 const SERVICE_LABEL: &str = "_admin";
@@ -43,7 +43,7 @@ const SERVICE_LABEL: &str = "_admin";
 /// schema tests.
 const OPENAPI: &str = include_str!("openapi.json");
 
-pub struct AdminApp {
+pub(crate) struct AdminApp {
     settings: AdminSettings,
     jwt: Arc<JwtVerifier>,
     store: Arc<dyn KeyStore>,
@@ -59,7 +59,7 @@ pub struct AdminApp {
 }
 
 /// What the key API needs from the rest of the gateway.
-pub struct AdminDeps {
+pub(crate) struct AdminDeps {
     pub jwt: Arc<JwtVerifier>,
     pub store: Arc<dyn KeyStore>,
     pub evictor: KeyEvictor,
@@ -84,7 +84,7 @@ enum Route<'a> {
 
 /// What the request did to a key or a budget, for the access log and
 /// `portcullis_key_events_total`.
-pub struct KeyEvent {
+pub(crate) struct KeyEvent {
     /// `created`, `revoked` or `budget`.
     pub event: &'static str,
     /// The key concerned; none for an owner's budget.
@@ -107,7 +107,7 @@ impl KeyEvent {
 }
 
 impl AdminApp {
-    pub fn new(settings: AdminSettings, config: &Config, deps: AdminDeps) -> AdminApp {
+    pub(crate) fn new(settings: AdminSettings, config: &Config, deps: AdminDeps) -> AdminApp {
         let console = settings
             .console
             .then(|| console::Console::new(&settings, config));

@@ -4,17 +4,18 @@
 use crate::auth::api_keys::PageEnd;
 
 /// Keys in a page when `limit` is not given.
-pub const DEFAULT_LIMIT: u32 = 100;
+pub(crate) const DEFAULT_LIMIT: u32 = 100;
 /// The largest page: a larger `limit` is clamped to it, so one request reads a bounded number
 /// of rows whatever it asks for.
-pub const MAX_LIMIT: u32 = 1000;
+pub(crate) const MAX_LIMIT: u32 = 1000;
 
-pub const BAD_LIMIT: &str = "limit must be a whole number of at least 1 (pages hold at most 1000)";
+pub(crate) const BAD_LIMIT: &str =
+    "limit must be a whole number of at least 1 (pages hold at most 1000)";
 const BAD_CURSOR: &str =
     "cursor is not one this API gave out: send the `next` of the previous page";
 
 #[derive(Debug, PartialEq, Eq)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     pub owner: Option<String>,
     pub limit: u32,
     pub after: Option<PageEnd>,
@@ -23,7 +24,7 @@ pub struct ListQuery {
 impl ListQuery {
     /// The query string's `owner`, `limit` and `cursor` (the last of each counts; other names
     /// are ignored), or the message of a 400.
-    pub fn parse(query: Option<&str>) -> Result<ListQuery, &'static str> {
+    pub(crate) fn parse(query: Option<&str>) -> Result<ListQuery, &'static str> {
         let mut q = ListQuery {
             owner: None,
             limit: DEFAULT_LIMIT,
@@ -41,7 +42,7 @@ impl ListQuery {
     }
 }
 
-pub fn parse_limit(value: &str) -> Option<u32> {
+pub(crate) fn parse_limit(value: &str) -> Option<u32> {
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -54,7 +55,7 @@ pub fn parse_limit(value: &str) -> Option<u32> {
 /// The `next` of a page ending at `end`: 32 lowercase hex digits, `created_at` (as 64 bits)
 /// then the key id. Clients treat it as opaque (docs/console-and-key-api.md), so its form may
 /// change; every string of this form names a position, so none of them is refused.
-pub fn cursor(end: &PageEnd) -> String {
+pub(crate) fn cursor(end: &PageEnd) -> String {
     format!("{:016x}{}", end.created_at as u64, end.key_id)
 }
 

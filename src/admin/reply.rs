@@ -13,11 +13,11 @@ use crate::errors::GatewayError;
 use crate::time::rfc3339_millis;
 
 /// Bodies on the admin listener are a name and a few scopes: anything larger is not ours.
-pub const MAX_BODY: usize = 16 * 1024;
+pub(crate) const MAX_BODY: usize = 16 * 1024;
 /// How long a client may take to send its (small) body.
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub struct Reply {
+pub(crate) struct Reply {
     status: u16,
     content_type: &'static str,
     body: Cow<'static, [u8]>,
@@ -29,7 +29,7 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub fn json(status: u16, body: Vec<u8>) -> Reply {
+    pub(crate) fn json(status: u16, body: Vec<u8>) -> Reply {
         Reply {
             status,
             content_type: "application/json",
@@ -40,7 +40,11 @@ impl Reply {
         }
     }
 
-    pub fn static_body(status: u16, content_type: &'static str, body: &'static [u8]) -> Reply {
+    pub(crate) fn static_body(
+        status: u16,
+        content_type: &'static str,
+        body: &'static [u8],
+    ) -> Reply {
         Reply {
             content_type,
             body: Cow::Borrowed(body),
@@ -48,12 +52,12 @@ impl Reply {
         }
     }
 
-    pub fn no_content() -> Reply {
+    pub(crate) fn no_content() -> Reply {
         Reply::json(204, Vec::new())
     }
 
     /// `{"error": code, "message": message}`, the data plane's shape.
-    pub fn error(status: u16, code: &str, message: Option<&str>) -> Reply {
+    pub(crate) fn error(status: u16, code: &str, message: Option<&str>) -> Reply {
         let body = match message {
             Some(m) => serde_json::json!({ "error": code, "message": m }),
             None => serde_json::json!({ "error": code }),
@@ -62,7 +66,7 @@ impl Reply {
     }
 
     /// The data plane's 401, byte for byte: same body, same headers, no reason given.
-    pub fn unauthorized() -> Reply {
+    pub(crate) fn unauthorized() -> Reply {
         let e = GatewayError::Unauthorized;
         let mut reply = Reply::json(e.status(), e.body().to_vec());
         reply
@@ -72,30 +76,34 @@ impl Reply {
     }
 
     /// Over `[admin] requests_per_minute`: the data plane's 429, with the seconds to wait.
-    pub fn rate_limited(retry_after: u64) -> Reply {
+    pub(crate) fn rate_limited(retry_after: u64) -> Reply {
         let e = GatewayError::RateLimited(retry_after);
         Reply::json(e.status(), e.body().to_vec()).header("retry-after", retry_after.to_string())
     }
 
-    pub fn method_not_allowed(allow: &'static str) -> Reply {
+    pub(crate) fn method_not_allowed(allow: &'static str) -> Reply {
         let message = format!("allowed: {allow}");
         let mut reply = Reply::error(405, "method_not_allowed", Some(&message));
         reply.headers.push(("allow", Cow::Borrowed(allow)));
         reply
     }
 
-    pub fn redirect(to: &'static str) -> Reply {
+    pub(crate) fn redirect(to: &'static str) -> Reply {
         let mut reply = Reply::json(308, Vec::new());
         reply.headers.push(("location", Cow::Borrowed(to)));
         reply
     }
 
-    pub fn header(mut self, name: &'static str, value: impl Into<Cow<'static, str>>) -> Reply {
+    pub(crate) fn header(
+        mut self,
+        name: &'static str,
+        value: impl Into<Cow<'static, str>>,
+    ) -> Reply {
         self.headers.push((name, value.into()));
         self
     }
 
-    pub fn cache_control(mut self, value: &'static str) -> Reply {
+    pub(crate) fn cache_control(mut self, value: &'static str) -> Reply {
         self.cache_control = value;
         self
     }
@@ -109,7 +117,7 @@ impl Reply {
     /// the data plane's (content-type, content-length, x-request-id, cache-control, then the
     /// reply's own), so a 401 is the same bytes on both; CORS headers when the request came
     /// from an allowed origin. And the body (empty for HEAD).
-    pub fn into_parts(
+    pub(crate) fn into_parts(
         self,
         request_id: &str,
         origin: Option<&str>,
@@ -140,7 +148,7 @@ impl Reply {
 }
 
 /// The store failed: the client may retry; the cause goes to the log only.
-pub fn store_failed(what: &str, e: &dyn std::fmt::Display) -> Reply {
+pub(crate) fn store_failed(what: &str, e: &dyn std::fmt::Display) -> Reply {
     log::warn!("admin: cannot {what}: {e}");
     Reply::error(
         503,
@@ -151,7 +159,7 @@ pub fn store_failed(what: &str, e: &dyn std::fmt::Display) -> Reply {
 }
 
 /// The whole request body, at most `MAX_BODY` bytes; a reply to send instead otherwise.
-pub async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
+pub(crate) async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
     let too_large = || {
         let message = format!("request body exceeds {MAX_BODY} bytes");
         Reply::error(413, "payload_too_large", Some(&message)).closing()
@@ -193,7 +201,7 @@ pub async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
     }
 }
 
-pub fn log_line(
+pub(crate) fn log_line(
     session: &ServerSession,
     request_id: &str,
     status: u16,

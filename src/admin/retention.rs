@@ -18,13 +18,13 @@ const INTERVAL: Duration = Duration::from_secs(3600);
 /// Rows deleted per statement: short writes that never hold up creates and revokes for long.
 const BATCH: u32 = 500;
 
-pub struct Retention {
+pub(crate) struct Retention {
     store: Arc<dyn KeyStore>,
     keep: Duration,
 }
 
 impl Retention {
-    pub fn new(store: Arc<dyn KeyStore>, keep: Duration) -> Retention {
+    pub(crate) fn new(store: Arc<dyn KeyStore>, keep: Duration) -> Retention {
         Retention { store, keep }
     }
 

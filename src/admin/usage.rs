@@ -53,7 +53,7 @@ impl<'a> Row<'a> {
     }
 }
 
-pub async fn report(
+pub(crate) async fn report(
     store: &dyn KeyStore,
     caller: &Principal,
     is_admin: bool,

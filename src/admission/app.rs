@@ -17,7 +17,7 @@ use super::conn::Conn;
 use super::gate::Gate;
 
 /// An HTTP app whose connections are counted, limited and head-timed by `gate`.
-pub struct Admitted<A> {
+pub(crate) struct Admitted<A> {
     inner: Arc<HeadTimed<A>>,
     gate: Arc<Gate>,
 }
@@ -57,7 +57,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for Admitted<A> {
 }
 
 /// Marks each request's head as due on the connection's `Conn` before the app reads it.
-pub struct HeadTimed<A>(Arc<A>);
+pub(crate) struct HeadTimed<A>(Arc<A>);
 
 #[async_trait]
 impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for HeadTimed<A> {

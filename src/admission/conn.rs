@@ -39,7 +39,7 @@ enum Head {
     TimedOut,
 }
 
-pub struct Conn {
+pub(crate) struct Conn {
     /// Given back before the socket closes (fields drop in order, and a shutdown gives it back
     /// first): a client that saw the close may reconnect at once and find its place free.
     slot: Option<Slot>,

@@ -14,7 +14,7 @@ use prometheus::IntGauge;
 /// threads rarely wait on each other; each lock is held for one map operation.
 const SHARDS: usize = 64;
 
-pub struct Counts {
+pub(crate) struct Counts {
     max_total: usize,
     max_per_client: usize,
     total: AtomicUsize,
@@ -27,19 +27,19 @@ pub struct Counts {
 /// Why a connection was not admitted: the `reason` label of
 /// `portcullis_connections_refused_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     Total,
     PerClient,
 }
 
 /// One open connection's place in the counts, given back when dropped.
-pub struct Slot {
+pub(crate) struct Slot {
     counts: Arc<Counts>,
     client: IpAddr,
 }
 
 impl Counts {
-    pub fn new(max_total: usize, max_per_client: usize, open: IntGauge) -> Arc<Counts> {
+    pub(crate) fn new(max_total: usize, max_per_client: usize, open: IntGauge) -> Arc<Counts> {
         Arc::new(Counts {
             max_total,
             max_per_client,
@@ -52,7 +52,7 @@ impl Counts {
 
     /// A place for a connection from `client`, unless that client or the process is at its
     /// limit. The client's own limit is checked first: it names the one to blame.
-    pub fn acquire(self: &Arc<Self>, client: IpAddr) -> Result<Slot, Refusal> {
+    pub(crate) fn acquire(self: &Arc<Self>, client: IpAddr) -> Result<Slot, Refusal> {
         // An IPv4 client reaching a dual-stack listener shows as ::ffff:a.b.c.d.
         let client = client.to_canonical();
         let mut shard = self.shard(&client);
@@ -84,7 +84,7 @@ impl Counts {
 
     /// Connections open now, in all.
     #[cfg(test)]
-    pub fn open(&self) -> usize {
+    pub(crate) fn open(&self) -> usize {
         self.total.load(Ordering::Acquire)
     }
 }
@@ -107,10 +107,10 @@ impl Drop for Slot {
 }
 
 #[cfg(test)]
-pub mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    pub fn counts(max_total: usize, max_per_client: usize) -> Arc<Counts> {
+    pub(crate) fn counts(max_total: usize, max_per_client: usize) -> Arc<Counts> {
         Counts::new(
             max_total,
             max_per_client,

@@ -29,7 +29,7 @@ const SHARDS: usize = 16;
 
 type Parked = HashMap<SocketAddr, (Slot, Instant)>;
 
-pub struct Gate {
+pub(crate) struct Gate {
     counts: Arc<Counts>,
     pub(super) header_timeout: Duration,
     refused_total: IntCounter,

@@ -21,12 +21,12 @@ use std::sync::Arc;
 use prometheus::{IntCounterVec, IntGauge};
 
 use crate::config::ConnectionLimits;
-pub use app::Admitted;
+pub(crate) use app::Admitted;
 use count::Counts;
-pub use gate::Gate;
+pub(crate) use gate::Gate;
 
 /// The counts shared by every listener of the process.
-pub struct Admission {
+pub(crate) struct Admission {
     counts: Arc<Counts>,
     limits: ConnectionLimits,
     refused: IntCounterVec,
@@ -34,7 +34,11 @@ pub struct Admission {
 
 impl Admission {
     /// `refused`: `portcullis_connections_refused_total`; `open`: `portcullis_connections_open`.
-    pub fn new(limits: &ConnectionLimits, refused: IntCounterVec, open: IntGauge) -> Admission {
+    pub(crate) fn new(
+        limits: &ConnectionLimits,
+        refused: IntCounterVec,
+        open: IntGauge,
+    ) -> Admission {
         let (max, per_client) = (limits.max_connections, limits.max_connections_per_client);
         Admission {
             counts: Counts::new(max, per_client, open),
@@ -46,7 +50,7 @@ impl Admission {
     /// `app` behind the gate of the listeners labelled `listener`. Both go to the Pingora
     /// service: the app as its app, the gate as its connection filter
     /// (`Service::set_connection_filter`), which refuses before any TLS handshake.
-    pub fn admit<A>(&self, listener: &str, app: A) -> (Admitted<A>, Arc<Gate>) {
+    pub(crate) fn admit<A>(&self, listener: &str, app: A) -> (Admitted<A>, Arc<Gate>) {
         let gate = Arc::new(Gate::new(
             self.counts.clone(),
             self.limits.header_timeout,

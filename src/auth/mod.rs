@@ -2,9 +2,9 @@
 //! Every failure collapses into one 401 for the client; the reason is kept for the log
 //! and the `portcullis_auth_failures_total{kind}` counter only.
 
-pub mod api_keys;
-pub mod jwt;
-pub mod token;
+pub(crate) mod api_keys;
+pub(crate) mod jwt;
+pub(crate) mod token;
 
 use std::sync::Arc;
 
@@ -84,13 +84,16 @@ impl AuthFailure {
 
 /// The gateway's one authentication step. A kind that is not configured fails closed.
 #[derive(Default)]
-pub struct Authenticator {
+pub(crate) struct Authenticator {
     pub api_keys: Option<ApiKeyVerifier>,
     pub jwt: Option<Arc<JwtVerifier>>,
 }
 
 impl Authenticator {
-    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Principal>, AuthFailure> {
+    pub(crate) async fn authenticate(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<Arc<Principal>, AuthFailure> {
         match token::bearer(headers) {
             Err(ShapeError::Missing) => Err(AuthFailure::Missing),
             Err(ShapeError::Malformed) => Err(AuthFailure::Malformed),

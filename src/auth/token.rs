@@ -3,11 +3,11 @@
 use http::header::{HeaderMap, AUTHORIZATION};
 
 /// Longest token accepted at all; a JWT with an RSA-4096 signature and rich claims fits easily.
-pub const MAX_TOKEN_LEN: usize = 8 * 1024;
+pub(crate) const MAX_TOKEN_LEN: usize = 8 * 1024;
 /// `ak_` + 16 hex characters of key id + `.` + 43 base64url characters (32 random bytes).
-pub const KEY_ID_LEN: usize = 16;
-pub const SECRET_LEN: usize = 43;
-pub const API_KEY_PREFIX: &str = "ak_";
+pub(crate) const KEY_ID_LEN: usize = 16;
+pub(crate) const SECRET_LEN: usize = 43;
+pub(crate) const API_KEY_PREFIX: &str = "ak_";
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Bearer<'a> {
@@ -36,13 +36,13 @@ impl KeyId {
 
 /// Why a request carried no usable token; feeds the `missing`/`malformed` failure kinds.
 #[derive(Debug, PartialEq, Eq)]
-pub enum ShapeError {
+pub(crate) enum ShapeError {
     Missing,
     Malformed,
 }
 
 /// Finds the one `Authorization: Bearer <token>` and tells its kind.
-pub fn bearer(headers: &HeaderMap) -> Result<Bearer<'_>, ShapeError> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Result<Bearer<'_>, ShapeError> {
     let mut values = headers.get_all(AUTHORIZATION).iter();
     let value = values.next().ok_or(ShapeError::Missing)?;
     if values.next().is_some() {

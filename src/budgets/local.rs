@@ -49,17 +49,17 @@ impl Table {
 }
 
 #[derive(Default)]
-pub struct Local {
+pub(crate) struct Local {
     table: Mutex<Table>,
 }
 
 /// What the counters held after a request was admitted: per subject, the counter values.
-pub type Used = [[u64; 4]; 2];
+pub(crate) type Used = [[u64; 4]; 2];
 
 impl Local {
     /// Checks every limited counter of every subject and, when all fit, adds the request to
     /// all of them at once. `checked`: false to count without deciding (Redis decided).
-    pub fn reserve(
+    pub(crate) fn reserve(
         &self,
         subjects: &[(Who<'_>, Budget)],
         ask: Ask,
@@ -103,7 +103,7 @@ impl Local {
     /// Replaces a reservation made in the windows of `starts` by what was used: adds
     /// `tokens` (negative: a refund) and `requests` to each subject's counters still in
     /// those windows.
-    pub fn adjust<'w>(
+    pub(crate) fn adjust<'w>(
         &self,
         subjects: impl Iterator<Item = Who<'w>>,
         starts: &WindowStarts,
@@ -130,7 +130,7 @@ impl Local {
 
     /// Raises a subject's counters to at least what the ledger holds for the windows of
     /// `starts` (never lowers them: this process may have counted more than was flushed).
-    pub fn seed(&self, who: Who<'_>, starts: &WindowStarts, ledger: &WindowUsage) {
+    pub(crate) fn seed(&self, who: Who<'_>, starts: &WindowStarts, ledger: &WindowUsage) {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let counts = table.counts(who);
         for kind in Kind::ALL {
@@ -140,7 +140,7 @@ impl Local {
     }
 
     /// A subject's counter of `kind` in the windows of `starts`, for seeding the shared one.
-    pub fn value(&self, who: Who<'_>, kind: Kind, starts: &WindowStarts) -> u64 {
+    pub(crate) fn value(&self, who: Who<'_>, kind: Kind, starts: &WindowStarts) -> u64 {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
         *table.counts(who).at(kind, kind.start(starts))
     }

@@ -12,7 +12,7 @@
 mod local;
 mod shared;
 mod sync;
-pub mod window;
+pub(crate) mod window;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +31,7 @@ use crate::rate_limit::Backend;
 use crate::time::{rfc3339, Clock};
 use local::Local;
 use shared::{Counter, Reply, Shared};
-pub use sync::{BudgetSync, SyncState};
+pub(crate) use sync::{BudgetSync, SyncState};
 use window::{Kind, Windows};
 
 /// The longest a request waits on the ledger to seed a shared counter that went missing (once
@@ -40,7 +40,7 @@ const SEED_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Whose counter: an API key, or an owner (a key's owner or a JWT `sub`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Who<'a> {
+pub(crate) enum Who<'a> {
     Key(&'a str),
     Owner(&'a str),
 }
@@ -63,14 +63,14 @@ impl Who<'_> {
 
 /// What a request asks of its budgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ask {
+pub(crate) struct Ask {
     pub tokens: u64,
     pub requests: u64,
 }
 
 /// A counter without room: which subject (0: the first budgeted) and which window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refused {
+pub(crate) struct Refused {
     pub subject: usize,
     pub kind: Kind,
     pub used: u64,
@@ -83,7 +83,7 @@ pub struct Refused {
 /// cleared budget stays as an empty one: it overrides the budget a cached key was looked up
 /// with.
 #[derive(Default, Clone)]
-pub struct Table {
+pub(crate) struct Table {
     keys: HashMap<Box<str>, Budget>,
     owners: HashMap<Box<str>, Budget>,
 }
@@ -120,12 +120,12 @@ impl Table {
 }
 
 /// The budgets of a request's key and of its owner (non-empty ones), by id.
-pub type Budgeted<'p> = [Option<(&'p str, Budget)>; 2];
+pub(crate) type Budgeted<'p> = [Option<(&'p str, Budget)>; 2];
 
 /// One line of OpenAI's `x-ratelimit-*` headers: a counter's limit, what is left, and the
 /// seconds until its window resets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Line {
+pub(crate) struct Line {
     pub limit: u64,
     pub remaining: u64,
     pub reset: u64,
@@ -134,7 +134,7 @@ pub struct Line {
 /// The headers a budgeted caller's response carries: its tightest token window and, when a
 /// request budget applies, its request window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Quota {
+pub(crate) struct Quota {
     pub tokens: Option<Line>,
     pub requests: Option<Line>,
 }
@@ -155,7 +155,7 @@ impl Quota {
 
 /// A request's hold on its budgets until `settle`.
 #[derive(Debug)]
-pub struct Reservation {
+pub(crate) struct Reservation {
     key: Option<Box<str>>,
     owner: Option<Box<str>>,
     windows: Windows,
@@ -177,14 +177,14 @@ impl Reservation {
 
 /// A request refused for its budget: the 429's `Retry-After`, message and headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub kind: Kind,
     pub retry_after: u64,
     pub message: String,
     pub quota: Quota,
 }
 
-pub struct Budgets {
+pub(crate) struct Budgets {
     settings: BudgetSettings,
     /// The completion cap a request with a token budget must have (`default_max_tokens`).
     cap_rule: CapRule,
@@ -203,7 +203,7 @@ pub struct Budgets {
 
 impl Budgets {
     /// `services`: every registered service, whose rejection counters start at 0.
-    pub fn new(
+    pub(crate) fn new(
         settings: BudgetSettings,
         store: Arc<dyn KeyStore>,
         redis: Option<Arc<Backend>>,
@@ -239,23 +239,23 @@ impl Budgets {
 
     /// The same budgets on another clock (tests).
     #[cfg(test)]
-    pub fn with_clock(mut self, clock: Clock) -> Budgets {
+    pub(crate) fn with_clock(mut self, clock: Clock) -> Budgets {
         self.clock = clock;
         self
     }
 
     /// Whether the counters were seeded from the ledger, so budgets can be decided.
-    pub fn is_seeded(&self) -> bool {
+    pub(crate) fn is_seeded(&self) -> bool {
         self.seeded.load(Ordering::Acquire)
     }
 
     /// Now, on the budgets' clock: the time a request is reserved at.
-    pub fn now(&self) -> i64 {
+    pub(crate) fn now(&self) -> i64 {
         self.clock.now()
     }
 
     /// Counts a refusal.
-    pub fn rejected(&self, service: &str, kind: Kind) {
+    pub(crate) fn rejected(&self, service: &str, kind: Kind) {
         self.rejections
             .with_label_values(&[service, kind.name()])
             .inc();
@@ -265,7 +265,12 @@ impl Budgets {
     /// prompt estimate from its body's size plus the completion tokens it may use (`None`:
     /// not stated, so `default_max_tokens`). `reads_usage`: false where no usage is ever read
     /// (a service without `api`), so no tokens are charged either.
-    pub fn ask(&self, body_bytes: u64, completion_cap: Option<u64>, reads_usage: bool) -> Ask {
+    pub(crate) fn ask(
+        &self,
+        body_bytes: u64,
+        completion_cap: Option<u64>,
+        reads_usage: bool,
+    ) -> Ask {
         let tokens = match self.settings.enforcement {
             Enforcement::Reserve if reads_usage => {
                 let (prompt, completion) = self.worst_case(body_bytes, completion_cap);
@@ -280,14 +285,14 @@ impl Budgets {
     }
 
     /// The completion cap a request must have when its caller has a token budget.
-    pub fn cap_rule(&self) -> &CapRule {
+    pub(crate) fn cap_rule(&self) -> &CapRule {
         &self.cap_rule
     }
 
     /// What applies to `principal`, from one lookup: `None`, no budget; `Some(true)`, its key
     /// or owner limits tokens (its requests must then be bounded and metered); `Some(false)`,
     /// requests only.
-    pub fn class_of(&self, principal: &Principal) -> Option<bool> {
+    pub(crate) fn class_of(&self, principal: &Principal) -> Option<bool> {
         let limits = |b: &Budget| {
             Kind::ALL
                 .iter()
@@ -299,7 +304,7 @@ impl Budgets {
 
     /// A request's worst case as (prompt estimate, completion cap): what it reserves, and
     /// what it is charged when its usage cannot be read.
-    pub fn worst_case(&self, body_bytes: u64, completion_cap: Option<u64>) -> (u64, u64) {
+    pub(crate) fn worst_case(&self, body_bytes: u64, completion_cap: Option<u64>) -> (u64, u64) {
         (
             body_bytes.div_ceil(self.settings.prompt_bytes_per_token),
             completion_cap.unwrap_or(self.settings.default_max_tokens),
@@ -308,14 +313,14 @@ impl Budgets {
 
     /// The budgets that apply to `principal` (its key's, its owner's), or None when neither
     /// has one: two lookups, made once per request.
-    pub fn of<'p>(&self, principal: &'p Principal) -> Option<Budgeted<'p>> {
+    pub(crate) fn of<'p>(&self, principal: &'p Principal) -> Option<Budgeted<'p>> {
         let budgeted = self.table.load().of(principal);
         budgeted.iter().any(Option::is_some).then_some(budgeted)
     }
 
     /// Reserves `ask` on every limited counter of the caller's key and owner, or none.
     #[cfg(test)]
-    pub async fn reserve(
+    pub(crate) async fn reserve(
         &self,
         principal: &Principal,
         ask: Ask,
@@ -328,7 +333,7 @@ impl Budgets {
     }
 
     /// Reserves `ask` on every limited counter of `budgeted` (from `of`), or none.
-    pub async fn reserve_for(
+    pub(crate) async fn reserve_for(
         &self,
         budgeted: Budgeted<'_>,
         ask: Ask,
@@ -520,7 +525,7 @@ impl Budgets {
 
     /// Replaces a reservation by what the request used: `tokens` (prompt + completion), and
     /// whether it was forwarded at all (a request never sent upstream gives its count back).
-    pub async fn settle(&self, r: Reservation, tokens: u64, forwarded: bool) {
+    pub(crate) async fn settle(&self, r: Reservation, tokens: u64, forwarded: bool) {
         let token_delta = tokens as i64 - r.tokens as i64;
         let request_delta = if forwarded { 0 } else { -1 };
         if token_delta == 0 && request_delta == 0 {

@@ -92,7 +92,7 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 /// Counters outlive their window by this much, so a late refund still finds its counter.
 const GRACE: i64 = 3600;
 
-pub struct Shared {
+pub(crate) struct Shared {
     backend: std::sync::Arc<Backend>,
     reserve: Script,
     adjust: Script,
@@ -100,7 +100,7 @@ pub struct Shared {
 }
 
 /// One shared counter of a request.
-pub struct Counter {
+pub(crate) struct Counter {
     pub key: String,
     pub subject: usize,
     pub kind: Kind,
@@ -108,7 +108,7 @@ pub struct Counter {
 }
 
 /// The shared counters' answer to a reservation.
-pub enum Reply {
+pub(crate) enum Reply {
     /// Reserved; each counter's new value.
     Reserved(Vec<u64>),
     /// Counter `i` has no room; its value.
@@ -118,7 +118,7 @@ pub enum Reply {
 }
 
 impl Shared {
-    pub fn new(backend: std::sync::Arc<Backend>) -> Shared {
+    pub(crate) fn new(backend: std::sync::Arc<Backend>) -> Shared {
         Shared {
             backend,
             reserve: Script::new(RESERVE),
@@ -127,13 +127,13 @@ impl Shared {
         }
     }
 
-    pub fn backend(&self) -> &Backend {
+    pub(crate) fn backend(&self) -> &Backend {
         &self.backend
     }
 
     /// Reserves `amount(kind)` on every counter; `seeds[i]`, when known, is counter `i`'s
     /// value should it be missing. `None`: Redis did not answer.
-    pub async fn reserve(
+    pub(crate) async fn reserve(
         &self,
         counters: &[Counter],
         amounts: &[u64],
@@ -167,7 +167,7 @@ impl Shared {
     }
 
     /// Connects and loads the scripts, off any request's clock; whether Redis answered.
-    pub async fn warm(&self) -> bool {
+    pub(crate) async fn warm(&self) -> bool {
         let loaded: Option<i64> = self.backend.invoke(&self.adjust, &[], &[], TIMEOUT).await;
         let _: Option<i64> = self.backend.invoke(&self.raise, &[], &[], TIMEOUT).await;
         let reserve: Option<Vec<i64>> = self.backend.invoke(&self.reserve, &[], &[], TIMEOUT).await;
@@ -175,7 +175,7 @@ impl Shared {
     }
 
     /// Adds `deltas` to the counters (a settled reservation).
-    pub async fn adjust(&self, keys: &[&str], deltas: &[i64]) {
+    pub(crate) async fn adjust(&self, keys: &[&str], deltas: &[i64]) {
         let _: Option<i64> = self
             .backend
             .invoke(&self.adjust, keys, deltas, TIMEOUT)
@@ -183,7 +183,7 @@ impl Shared {
     }
 
     /// Raises counters to the ledger's values.
-    pub async fn raise(&self, keys: &[&str], floors: &[(u64, i64)]) -> bool {
+    pub(crate) async fn raise(&self, keys: &[&str], floors: &[(u64, i64)]) -> bool {
         let args: Vec<i64> = floors.iter().flat_map(|&(f, e)| [clamp(f), e]).collect();
         let done: Option<i64> = self.backend.invoke(&self.raise, keys, &args, TIMEOUT).await;
         done.is_some()
@@ -191,7 +191,7 @@ impl Shared {
 }
 
 /// The key of `who`'s counter of `kind` in the window starting at `start`.
-pub fn counter_key(who: Who<'_>, kind: Kind, start: i64) -> String {
+pub(crate) fn counter_key(who: Who<'_>, kind: Kind, start: i64) -> String {
     let (tag, id) = match who {
         Who::Key(id) => ("k", id),
         Who::Owner(id) => ("o", id),
@@ -210,7 +210,7 @@ pub fn counter_key(who: Who<'_>, kind: Kind, start: i64) -> String {
 
 /// How long a counter of `kind` lives: until an hour after its window ends. Relative, so a
 /// gateway's clock (or a test's) need not agree with Redis's.
-pub fn expiry(kind: Kind, windows: &Windows) -> i64 {
+pub(crate) fn expiry(kind: Kind, windows: &Windows) -> i64 {
     windows.seconds_left(kind) as i64 + GRACE
 }
 

@@ -20,7 +20,7 @@ use super::{Budgets, Table, Who};
 use crate::auth::api_keys::{Budget, BudgetChange, KeyStore, StoreError, Subject, WindowUsage};
 
 /// How often the store is asked for budget changes.
-pub const POLL: Duration = Duration::from_millis(250);
+pub(crate) const POLL: Duration = Duration::from_millis(250);
 /// Changes are read back this far before the newest one seen: a writer's clock may lag, and
 /// a change committed late with an older stamp is still picked up.
 const OVERLAP_MS: i64 = 10_000;
@@ -29,7 +29,7 @@ const RESEED: Duration = Duration::from_secs(5);
 
 /// What the poller remembers between ticks.
 #[derive(Default)]
-pub struct SyncState {
+pub(crate) struct SyncState {
     newest_ms: i64,
     recoveries: u64,
     reseeded: Option<Instant>,
@@ -39,7 +39,7 @@ pub struct SyncState {
 impl Budgets {
     /// Loads every budget and seeds this process's counters from the ledger. Called before
     /// serving, so the first request is already decided against spent budget.
-    pub async fn load(
+    pub(crate) async fn load(
         &self,
         store: &dyn KeyStore,
         state: &mut SyncState,
@@ -60,7 +60,7 @@ impl Budgets {
     }
 
     /// One tick: budget changes, then whatever seeding Redis's state calls for.
-    pub async fn poll(&self, state: &mut SyncState) {
+    pub(crate) async fn poll(&self, state: &mut SyncState) {
         // A start-up load or seed that failed is retried until it succeeds: until then no
         // budget is decided (requests of budgeted callers get 503 budget_unavailable).
         if !self.is_seeded() {
@@ -192,7 +192,7 @@ fn who(subject: &Subject) -> Who<'_> {
 }
 
 /// The background service polling budget changes.
-pub struct BudgetSync {
+pub(crate) struct BudgetSync {
     pub budgets: Arc<Budgets>,
     pub state: std::sync::Mutex<Option<SyncState>>,
 }

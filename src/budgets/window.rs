@@ -5,7 +5,7 @@ use crate::auth::api_keys::{Budget, WindowStarts, WindowUsage};
 
 /// One budget counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     TokensPerHour,
     TokensPerDay,
     TokensPerMonth,
@@ -13,33 +13,33 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [
+    pub(crate) const ALL: [Kind; 4] = [
         Kind::TokensPerHour,
         Kind::TokensPerDay,
         Kind::TokensPerMonth,
         Kind::RequestsPerDay,
     ];
 
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 
     /// The name in config, JSON, metrics and messages: `tokens_per_day`…
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         Budget::NAMES[self.index()]
     }
 
     /// The short name in shared counter keys.
-    pub fn tag(self) -> &'static str {
+    pub(crate) fn tag(self) -> &'static str {
         ["th", "td", "tm", "rd"][self.index()]
     }
 
-    pub fn counts_tokens(self) -> bool {
+    pub(crate) fn counts_tokens(self) -> bool {
         self != Kind::RequestsPerDay
     }
 
     /// The start of this counter's window among `starts`.
-    pub fn start(self, starts: &WindowStarts) -> i64 {
+    pub(crate) fn start(self, starts: &WindowStarts) -> i64 {
         match self {
             Kind::TokensPerHour => starts.hour,
             Kind::TokensPerDay | Kind::RequestsPerDay => starts.day,
@@ -48,12 +48,12 @@ impl Kind {
     }
 
     /// The limit of this counter in `budget`.
-    pub fn limit(self, budget: &Budget) -> Option<u64> {
+    pub(crate) fn limit(self, budget: &Budget) -> Option<u64> {
         budget.limits()[self.index()]
     }
 
     /// This counter's value in what the ledger holds.
-    pub fn used(self, usage: &WindowUsage) -> u64 {
+    pub(crate) fn used(self, usage: &WindowUsage) -> u64 {
         match self {
             Kind::TokensPerHour => usage.hour_tokens,
             Kind::TokensPerDay => usage.day_tokens,
@@ -63,7 +63,7 @@ impl Kind {
     }
 
     /// What a request of `tokens` adds to this counter.
-    pub fn amount(self, tokens: u64, requests: u64) -> u64 {
+    pub(crate) fn amount(self, tokens: u64, requests: u64) -> u64 {
         if self.counts_tokens() {
             tokens
         } else {
@@ -74,14 +74,14 @@ impl Kind {
 
 /// A counter's windows now, with their ends, computed once per request.
 #[derive(Debug, Clone, Copy)]
-pub struct Windows {
+pub(crate) struct Windows {
     pub now: i64,
     pub starts: WindowStarts,
     pub ends: WindowStarts,
 }
 
 impl Windows {
-    pub fn at(now: i64) -> Windows {
+    pub(crate) fn at(now: i64) -> Windows {
         let starts = WindowStarts::at(now);
         Windows {
             now,
@@ -91,13 +91,13 @@ impl Windows {
     }
 
     /// Whole seconds until `kind`'s window ends: at least 1.
-    pub fn seconds_left(&self, kind: Kind) -> u64 {
+    pub(crate) fn seconds_left(&self, kind: Kind) -> u64 {
         (kind.start(&self.ends) - self.now).max(1) as u64
     }
 }
 
 /// A duration as OpenAI writes `x-ratelimit-reset-*`: `6m0s`, `1h2m3s`, `45s`.
-pub fn openai_duration(seconds: u64) -> String {
+pub(crate) fn openai_duration(seconds: u64) -> String {
     let (h, m, s) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
     if h > 0 {
         format!("{h}h{m}m{s}s")

@@ -111,7 +111,7 @@ fn wanted(flags: &BudgetFlags, clear: bool, now: Budget) -> Result<Budget, Strin
 }
 
 /// `keys budget`: sets or clears a key's budget, records it, prints the result.
-pub async fn set_key(
+pub(crate) async fn set_key(
     store: &dyn KeyStore,
     config: &Path,
     key_id: &str,
@@ -162,7 +162,7 @@ pub async fn set_key(
 }
 
 /// `owners budget`.
-pub fn owners(command: OwnersCommand) -> Result<(), String> {
+pub(crate) fn owners(command: OwnersCommand) -> Result<(), String> {
     let OwnersCommand::Budget {
         config,
         owner,
@@ -235,7 +235,7 @@ fn windows(budget: &Budget, used: &WindowUsage, starts: WindowStarts) -> String 
 }
 
 /// A budget as one word: `tokens_per_day=100000,requests_per_day=500`, `-` for none.
-pub fn one_word(budget: &Budget) -> String {
+pub(crate) fn one_word(budget: &Budget) -> String {
     let set: Vec<String> = Budget::NAMES
         .iter()
         .zip(budget.limits())
@@ -257,7 +257,7 @@ fn left(budget: &Budget, used: &WindowUsage) -> String {
 
 /// `keys list`'s BUDGET and LEFT of every key, the ledger read in a few statements for all the
 /// keys that have a budget.
-pub async fn list_columns(
+pub(crate) async fn list_columns(
     store: &dyn KeyStore,
     keys: &[KeyRecord],
 ) -> Result<HashMap<String, (String, String)>, String> {

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 /// `s` as it may be printed: a control character (C0, DEL, C1) or a bidirectional formatting
 /// character as `\u{…}`, and a backslash as `\\` so an escape cannot be forged.
-pub fn printable(s: &str) -> Cow<'_, str> {
+pub(crate) fn printable(s: &str) -> Cow<'_, str> {
     if !s.chars().any(needs_escape) {
         return Cow::Borrowed(s);
     }

@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::metering::query::usage_query;
 use crate::time::{date, unix_now};
 
-pub fn run(
+pub(crate) fn run(
     config: &std::path::Path,
     (from, to): (Option<&str>, Option<&str>),
     group_by: Option<&str>,

@@ -2,7 +2,10 @@
 
 /// Expands every `${NAME}` in `value`. Fails naming the first variable that is unset or
 /// a `${` that is never closed; `$` not followed by `{` is kept as it is.
-pub fn expand(value: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, String> {
+pub(crate) fn expand(
+    value: &str,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<String, String> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(start) = rest.find("${") {

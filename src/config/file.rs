@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct File {
+pub(crate) struct File {
     #[serde(default)]
     pub server: Server,
     pub metrics: Option<Metrics>,
@@ -26,7 +26,7 @@ pub struct File {
 /// `[budgets]`: enforcing the budgets set on keys and owners.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Budgets {
+pub(crate) struct Budgets {
     /// `reserve` (default) or `after`.
     pub enforcement: Option<String>,
     pub default_max_tokens: Option<u64>,
@@ -38,7 +38,7 @@ pub struct Budgets {
 /// `[metering]`: the usage ledger kept in the key store.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Metering {
+pub(crate) struct Metering {
     /// How often usage recorded in memory is written to the store.
     pub flush_seconds: Option<u64>,
     /// Distinct models recorded per key (or JWT subject) and hour; the rest as `(other)`.
@@ -50,7 +50,7 @@ pub struct Metering {
 /// `[dns]`: where upstream host names are resolved.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Dns {
+pub(crate) struct Dns {
     /// `ip:port` of DNS servers; default: the system's resolv.conf (and hosts file).
     pub servers: Vec<String>,
 }
@@ -58,14 +58,14 @@ pub struct Dns {
 /// `upstream = "http://…"` or `upstream = ["http://…", …]`.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-pub enum Replicas {
+pub(crate) enum Replicas {
     One(String),
     Many(Vec<String>),
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct HealthCheck {
+pub(crate) struct HealthCheck {
     pub path: String,
     pub interval_seconds: Option<u64>,
     pub timeout_seconds: Option<u64>,
@@ -74,7 +74,7 @@ pub struct HealthCheck {
 /// `[admin]`: the key-management API for the console, on a listener of its own.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Admin {
+pub(crate) struct Admin {
     /// Plain HTTP; may be left out when `tls` has addresses.
     pub listen: Option<String>,
     pub admin_scope: Option<String>,
@@ -94,14 +94,14 @@ pub struct Admin {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RateLimits {
+pub(crate) struct RateLimits {
     /// `redis://[user:password@]host[:port][/db]`: counts shared by every gateway using it.
     pub redis: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct Server {
+pub(crate) struct Server {
     pub listen: Option<Vec<String>>,
     pub threads: Option<usize>,
     pub grace_period_seconds: Option<u64>,
@@ -128,7 +128,7 @@ pub struct Server {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Tls {
+pub(crate) struct Tls {
     pub listen: Vec<String>,
     pub cert_file: String,
     pub key_file: String,
@@ -136,13 +136,13 @@ pub struct Tls {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     pub listen: String,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AccessLog {
+pub(crate) struct AccessLog {
     /// `stdout`, `off`, or a file path.
     pub destination: Option<String>,
     pub max_bytes: Option<u64>,
@@ -152,14 +152,14 @@ pub struct AccessLog {
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct Auth {
+pub(crate) struct Auth {
     pub api_keys: Option<ApiKeys>,
     pub jwt: Option<Jwt>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ApiKeys {
+pub(crate) struct ApiKeys {
     pub database: String,
     pub cache_ttl_seconds: Option<u64>,
     pub negative_cache_ttl_seconds: Option<u64>,
@@ -169,7 +169,7 @@ pub struct ApiKeys {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Jwt {
+pub(crate) struct Jwt {
     pub issuer: String,
     pub audience: String,
     pub jwks_uri: Option<String>,
@@ -182,7 +182,7 @@ pub struct Jwt {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Service {
+pub(crate) struct Service {
     pub upstream: Option<Replicas>,
     /// `least_requests` (default), `round_robin` or `prefix_affinity`.
     pub balance: Option<String>,
@@ -212,7 +212,7 @@ pub struct Service {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Models {
+pub(crate) struct Models {
     pub default: Option<String>,
     #[serde(default)]
     pub aliases: BTreeMap<String, String>,

@@ -15,11 +15,11 @@ mod validate;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-pub use admin::AdminSettings;
-pub use env::expand as expand_env;
+pub(crate) use admin::AdminSettings;
+pub(crate) use env::expand as expand_env;
 pub use model::*;
-pub use parse::{resolve_system, Resolver};
-pub use replicas::{Balance, Balancing, HealthCheckSettings};
+pub(crate) use parse::{resolve_system, Resolver};
+pub(crate) use replicas::{Balance, Balancing, HealthCheckSettings};
 use validate::Validator;
 
 /// Every problem found in a config file, each naming the file and the key.

@@ -133,7 +133,7 @@ pub enum AccessLogDestination {
     },
 }
 
-pub const DEFAULT_ACCESS_LOG_BUFFER: usize = 16 * 1024;
+pub(crate) const DEFAULT_ACCESS_LOG_BUFFER: usize = 16 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct ApiKeySettings {

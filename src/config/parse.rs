@@ -9,10 +9,10 @@ use super::{RedisServer, Upstream};
 
 /// Resolves an upstream's host once, at start-up; a parameter so that checks which must not
 /// touch the network (fuzzing) can pass their own.
-pub type Resolver<'a> = &'a dyn Fn(&str, u16) -> Result<Vec<SocketAddr>, String>;
+pub(crate) type Resolver<'a> = &'a dyn Fn(&str, u16) -> Result<Vec<SocketAddr>, String>;
 
 /// The system resolver (blocking, at start-up only).
-pub fn resolve_system(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+pub(crate) fn resolve_system(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
     let addresses: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve `{host}`: {e}"))?
@@ -25,7 +25,7 @@ pub fn resolve_system(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> 
 
 /// Every certificate of a PEM bundle (a CA bundle or a certificate chain), each checked to
 /// parse, so a bad file fails at start-up.
-pub fn load_pem_certs(path: &str) -> Result<Vec<Vec<u8>>, String> {
+pub(crate) fn load_pem_certs(path: &str) -> Result<Vec<Vec<u8>>, String> {
     let pem = std::fs::read(path).map_err(|e| format!("cannot read `{path}`: {e}"))?;
     let mut certs = Vec::new();
     for item in rustls_pemfile::certs(&mut pem.as_slice()) {
@@ -40,7 +40,7 @@ pub fn load_pem_certs(path: &str) -> Result<Vec<Vec<u8>>, String> {
     Ok(certs)
 }
 
-pub fn http_url(s: &str) -> Option<http::Uri> {
+pub(crate) fn http_url(s: &str) -> Option<http::Uri> {
     let uri: http::Uri = s.parse().ok()?;
     matches!(uri.scheme_str(), Some("http" | "https")).then_some(())?;
     uri.host()?;
@@ -49,7 +49,7 @@ pub fn http_url(s: &str) -> Option<http::Uri> {
 
 /// `redis://[user[:password]@]host[:port][/db]`. Not resolved or connected here: a Redis that is
 /// down or unresolvable at start-up must not stop the gateway. Problems never quote the URL.
-pub fn parse_redis(url: &str) -> Result<RedisServer, String> {
+pub(crate) fn parse_redis(url: &str) -> Result<RedisServer, String> {
     const SHAPE: &str = "expected redis://[user:password@]host[:port][/db]";
     let parsed =
         redis::parse_redis_url(url).ok_or_else(|| format!("is not a valid URL: {SHAPE}"))?;
@@ -89,7 +89,7 @@ pub fn parse_redis(url: &str) -> Result<RedisServer, String> {
 }
 
 /// `scheme://host[:port][/base-path]`, resolved to a socket address now.
-pub fn parse_upstream(url: &str, resolve: Resolver<'_>) -> Result<Upstream, String> {
+pub(crate) fn parse_upstream(url: &str, resolve: Resolver<'_>) -> Result<Upstream, String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|_| format!("`{url}` is not a valid URL"))?;

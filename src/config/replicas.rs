@@ -9,7 +9,7 @@ use super::validate::Validator;
 use super::{file, Upstream};
 
 /// Most replicas one service may list: a request marks the replicas it tried in a `u64`.
-pub const MAX_REPLICAS: usize = 64;
+pub(crate) const MAX_REPLICAS: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Balance {
@@ -25,7 +25,7 @@ pub enum Balance {
 }
 
 /// `affinity_load_factor` unless set.
-pub const DEFAULT_AFFINITY_LOAD_FACTOR: f64 = 1.25;
+pub(crate) const DEFAULT_AFFINITY_LOAD_FACTOR: f64 = 1.25;
 
 #[derive(Debug, Clone)]
 pub struct HealthCheckSettings {

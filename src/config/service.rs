@@ -24,7 +24,7 @@ const RESERVED_HEADERS: [&str; 8] = [
 ];
 
 impl Validator<'_> {
-    pub fn service(
+    pub(crate) fn service(
         &mut self,
         name: String,
         s: file::Service,

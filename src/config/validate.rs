@@ -15,12 +15,12 @@ use super::{
     DEFAULT_ACCESS_LOG_BUFFER,
 };
 
-pub const DEFAULT_MAX_BODY: u64 = 32 * 1024 * 1024;
-pub const DEFAULT_MAX_BUFFERED_BODY: u64 = 8 * 1024 * 1024;
-pub const DEFAULT_BUFFERED_BODIES_MAX: u64 = 256 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_BODY: u64 = 32 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_BUFFERED_BODY: u64 = 8 * 1024 * 1024;
+pub(crate) const DEFAULT_BUFFERED_BODIES_MAX: u64 = 256 * 1024 * 1024;
 /// `[server] buffered_bytes_per_caller`: one caller cannot take every other caller's room.
-pub const DEFAULT_BUFFERED_BYTES_PER_CALLER: u64 = 32 * 1024 * 1024;
-pub const DEFAULT_BUFFERED_BODY_TIMEOUT: u64 = 60;
+pub(crate) const DEFAULT_BUFFERED_BYTES_PER_CALLER: u64 = 32 * 1024 * 1024;
+pub(crate) const DEFAULT_BUFFERED_BODY_TIMEOUT: u64 = 60;
 const DEFAULT_ACCESS_LOG_FILES: usize = 5;
 const ALGORITHMS: [(&str, jsonwebtoken::Algorithm); 9] = {
     use jsonwebtoken::Algorithm::*;
@@ -45,12 +45,12 @@ pub(super) struct Validator<'a> {
 }
 
 impl Validator<'_> {
-    pub fn problem(&mut self, key: &str, what: impl fmt::Display) {
+    pub(crate) fn problem(&mut self, key: &str, what: impl fmt::Display) {
         self.problems
             .push(one_line(&format!("{}: {key}: {what}", self.file)));
     }
 
-    pub fn expand(&mut self, key: &str, value: &str) -> Option<String> {
+    pub(crate) fn expand(&mut self, key: &str, value: &str) -> Option<String> {
         match expand_env(value, self.lookup) {
             Ok(v) => Some(v),
             Err(e) => {
@@ -62,18 +62,18 @@ impl Validator<'_> {
 
     /// Every listener is an `ip:port`, checked here so that `serve -t` catches what would
     /// otherwise only fail at bind time.
-    pub fn listen_address(&mut self, key: &str, addr: &str) {
+    pub(crate) fn listen_address(&mut self, key: &str, addr: &str) {
         if addr.parse::<SocketAddr>().is_err() {
             self.problem(key, format!("`{addr}` is not an ip:port address"));
         }
     }
 
-    pub fn metrics(&mut self, m: file::Metrics) -> MetricsSettings {
+    pub(crate) fn metrics(&mut self, m: file::Metrics) -> MetricsSettings {
         self.listen_address("metrics.listen", &m.listen);
         MetricsSettings { listen: m.listen }
     }
 
-    pub fn server(&mut self, s: file::Server) -> ServerSettings {
+    pub(crate) fn server(&mut self, s: file::Server) -> ServerSettings {
         let buffering = self.buffer_limits(&s);
         let connections = self.connection_limits(&s);
         let listen = s
@@ -193,7 +193,7 @@ impl Validator<'_> {
         }
     }
 
-    pub fn access_log(&mut self, a: Option<file::AccessLog>) -> AccessLogSettings {
+    pub(crate) fn access_log(&mut self, a: Option<file::AccessLog>) -> AccessLogSettings {
         let Some(a) = a else {
             return AccessLogSettings {
                 destination: AccessLogDestination::Stdout,
@@ -249,7 +249,7 @@ impl Validator<'_> {
     }
 
     /// A TLS listener section (`server.tls` or `admin.tls`: `section` names it in problems).
-    pub fn tls(&mut self, section: &str, t: file::Tls) -> TlsListenSettings {
+    pub(crate) fn tls(&mut self, section: &str, t: file::Tls) -> TlsListenSettings {
         for addr in &t.listen {
             self.listen_address(&format!("{section}.listen"), addr);
         }
@@ -274,7 +274,7 @@ impl Validator<'_> {
         }
     }
 
-    pub fn api_keys(&mut self, a: file::ApiKeys) -> ApiKeySettings {
+    pub(crate) fn api_keys(&mut self, a: file::ApiKeys) -> ApiKeySettings {
         let database = self
             .expand("auth.api_keys.database", &a.database)
             .unwrap_or_default();
@@ -308,7 +308,7 @@ impl Validator<'_> {
         }
     }
 
-    pub fn jwt(&mut self, j: file::Jwt) -> Option<JwtSettings> {
+    pub(crate) fn jwt(&mut self, j: file::Jwt) -> Option<JwtSettings> {
         if http_url(&j.issuer).is_none() {
             self.problem("auth.jwt.issuer", "must be an http(s) URL");
         }
@@ -354,7 +354,7 @@ impl Validator<'_> {
     }
 
     /// `[rate_limits]`: the Redis URL may carry a password, so its problems never quote it.
-    pub fn metering(&mut self, m: Option<file::Metering>) -> MeteringSettings {
+    pub(crate) fn metering(&mut self, m: Option<file::Metering>) -> MeteringSettings {
         let seconds = m.as_ref().and_then(|m| m.flush_seconds).unwrap_or(1);
         if seconds == 0 {
             self.problem("metering.flush_seconds", "must be at least 1");
@@ -381,7 +381,7 @@ impl Validator<'_> {
     }
 
     /// `[budgets]`: kept in the key store, so they need one.
-    pub fn budgets(&mut self, b: file::Budgets, has_store: bool) -> BudgetSettings {
+    pub(crate) fn budgets(&mut self, b: file::Budgets, has_store: bool) -> BudgetSettings {
         if !has_store {
             self.problem(
                 "budgets",
@@ -422,7 +422,7 @@ impl Validator<'_> {
         }
     }
 
-    pub fn rate_limits(&mut self, r: Option<file::RateLimits>) -> RateLimitSettings {
+    pub(crate) fn rate_limits(&mut self, r: Option<file::RateLimits>) -> RateLimitSettings {
         let redis = r.and_then(|r| r.redis).and_then(|raw| {
             let url = self.expand("rate_limits.redis", &raw)?;
             parse_redis(&url)

@@ -22,11 +22,11 @@ use crate::metrics::Metrics;
 /// A write that takes longer is abandoned (rolled back) and retried on the next tick.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a stopping process waits for the ledger's last write.
-pub const FINAL_FLUSH: Duration = Duration::from_secs(5);
+pub(crate) const FINAL_FLUSH: Duration = Duration::from_secs(5);
 /// While writes keep failing, one warning this often.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
-pub struct Ledger {
+pub(crate) struct Ledger {
     meter: Arc<Meter>,
     /// `[auth.api_keys] database`; may hold a password: never logged.
     database: String,
@@ -38,7 +38,12 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    pub fn new(meter: Arc<Meter>, database: &str, every: Duration, metrics: &Metrics) -> Ledger {
+    pub(crate) fn new(
+        meter: Arc<Meter>,
+        database: &str,
+        every: Duration,
+        metrics: &Metrics,
+    ) -> Ledger {
         let flushes = IntCounterVec::new(
             Opts::new(
                 "portcullis_ledger_flushes_total",
@@ -163,7 +168,7 @@ impl Ledger {
 
     /// Flushes everything recorded so far and waits for it, at most `within`: the last step
     /// of a clean stop, once no request is left to record. False if it was not all written.
-    pub fn final_flush(&self, within: Duration) -> bool {
+    pub(crate) fn final_flush(&self, within: Duration) -> bool {
         let ask = self.now.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (reply, answer) = mpsc::channel();
         let written = ask.is_some_and(|ask| ask.send(reply).is_ok())
@@ -227,7 +232,7 @@ impl Batch {
 }
 
 /// Starts the flusher when Pingora starts its services.
-pub struct LedgerService(pub Arc<Ledger>);
+pub(crate) struct LedgerService(pub Arc<Ledger>);
 
 #[async_trait]
 impl BackgroundService for LedgerService {

@@ -5,19 +5,19 @@
 //! parameters of `GET /v1/usage` and `portcullis usage`.
 
 mod flush;
-pub mod query;
+pub(crate) mod query;
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 
-pub use flush::{Ledger, LedgerService, FINAL_FLUSH};
+pub(crate) use flush::{Ledger, LedgerService, FINAL_FLUSH};
 
 use crate::auth::api_keys::{UsageCounts, UsageRow};
 
 /// One request's usage, as the proxy's record step knows it.
-pub struct Charge<'a> {
+pub(crate) struct Charge<'a> {
     /// None for a JWT caller.
     pub key_id: Option<&'a str>,
     pub owner: Option<&'a str>,
@@ -36,10 +36,10 @@ pub struct Charge<'a> {
 const SHARDS: usize = 16;
 
 /// The model recorded for a caller's requests beyond its `max_models_per_key_hour`.
-pub const OTHER_MODELS: &str = "(other)";
+pub(crate) const OTHER_MODELS: &str = "(other)";
 
 /// Totals per (UTC hour, key, owner, service, model) since the last flush.
-pub struct Meter {
+pub(crate) struct Meter {
     /// False without a ledger (no `[auth.api_keys]`): recording is then a no-op.
     enabled: bool,
     shards: [Mutex<Shard>; SHARDS],
@@ -96,12 +96,12 @@ impl Hasher for Prehashed {
 }
 
 impl Meter {
-    pub fn new() -> Meter {
+    pub(crate) fn new() -> Meter {
         Meter::keeping_models(32)
     }
 
     /// A meter keeping at most `max_models` models per caller and hour.
-    pub fn keeping_models(max_models: usize) -> Meter {
+    pub(crate) fn keeping_models(max_models: usize) -> Meter {
         Meter {
             enabled: true,
             shards: Default::default(),
@@ -112,7 +112,7 @@ impl Meter {
     }
 
     /// A meter that records nothing: the gateway has no key store, so no ledger.
-    pub fn disabled() -> Meter {
+    pub(crate) fn disabled() -> Meter {
         Meter {
             enabled: false,
             ..Meter::new()
@@ -120,7 +120,7 @@ impl Meter {
     }
 
     /// Adds one request to its row of the current UTC hour. No I/O, no await: a short lock.
-    pub fn record(&self, charge: &Charge<'_>) {
+    pub(crate) fn record(&self, charge: &Charge<'_>) {
         if self.enabled {
             self.record_at(charge, crate::time::unix_now());
         }
@@ -171,7 +171,7 @@ impl Meter {
 
     /// Forgets the models of hours before `hour` (called by the flusher, so callers gone
     /// quiet do not keep their lists).
-    pub fn forget_models_before(&self, hour: i64) {
+    pub(crate) fn forget_models_before(&self, hour: i64) {
         for shard in &self.models {
             let mut callers = shard.lock().unwrap_or_else(|e| e.into_inner());
             callers.retain(|_, (h, _)| *h >= hour);
@@ -197,7 +197,7 @@ impl Meter {
     }
 
     /// Everything recorded since the last take, leaving the meter empty.
-    pub fn take(&self) -> Vec<UsageRow> {
+    pub(crate) fn take(&self) -> Vec<UsageRow> {
         let mut out = Vec::new();
         for shard in &self.shards {
             let rows = std::mem::take(&mut *shard.lock().unwrap_or_else(|e| e.into_inner()));
@@ -215,7 +215,7 @@ impl Meter {
 
     /// Whether nothing was recorded since the last take.
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         (self.shards.iter()).all(|s| s.lock().unwrap_or_else(|e| e.into_inner()).is_empty())
     }
 }

@@ -6,15 +6,15 @@ use crate::auth::api_keys::{Grouping, UsageQuery};
 use crate::time::parse_date;
 
 /// The longest range one report covers, in days.
-pub const MAX_DAYS: i64 = 366;
+pub(crate) const MAX_DAYS: i64 = 366;
 /// Days covered when `from` is not given: the 30 days ending with `to`.
-pub const DEFAULT_DAYS: i64 = 30;
+pub(crate) const DEFAULT_DAYS: i64 = 30;
 const DAY: i64 = 86_400;
 
 /// The query for the days `from..=to` (either may be absent), grouped by `group_by` (absent:
 /// every part), of `owner` or of everyone; `now` is the time in unix seconds. The error names
 /// the parameter, as a 400's message or the CLI's one line.
-pub fn usage_query(
+pub(crate) fn usage_query(
     from: Option<&str>,
     to: Option<&str>,
     group_by: Option<&str>,
@@ -76,7 +76,7 @@ fn grouping(parts: &str) -> Result<Grouping, String> {
 
 /// The API's query string: `from`, `to`, `group_by`, `owner` (the last of each counts; other
 /// names are ignored, as `GET /v1/keys` does). The owner is checked by the caller.
-pub fn from_query_string(query: Option<&str>, now: i64) -> Result<UsageQuery, String> {
+pub(crate) fn from_query_string(query: Option<&str>, now: i64) -> Result<UsageQuery, String> {
     let (mut from, mut to, mut group_by, mut owner) = (None, None, None, None);
     for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         match &*name {

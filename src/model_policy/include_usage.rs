@@ -20,7 +20,7 @@ const FIRST_MEMBER: &[u8] = br#""include_usage":true,"#;
 const TRUE: &[u8] = b"true";
 
 /// The most bytes turning usage on adds to a body.
-pub const MAX_GROWTH: usize = MEMBER.len();
+pub(crate) const MAX_GROWTH: usize = MEMBER.len();
 
 /// What a streamed request needs for its usage to be reported: nothing (it asked itself),
 /// or this splice (`range` of the body replaced by `with`).

@@ -24,7 +24,7 @@ use std::ops::Range;
 
 pub use endpoint::{Api, Endpoint};
 use include_usage::UsageRequest;
-pub use include_usage::MAX_GROWTH as USAGE_MAX_GROWTH;
+pub(crate) use include_usage::MAX_GROWTH as USAGE_MAX_GROWTH;
 
 /// A service's policy, built once at start-up so that `apply` encodes nothing.
 #[derive(Debug, Clone)]
@@ -111,7 +111,7 @@ impl Models {
 /// invariants check; the proxy edits in place through `plan`).
 #[cfg(any(test, feature = "fuzzing"))]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// Some(new body) only when the policy changed the body; None means: forward the
     /// original bytes.
     pub body: Option<Vec<u8>>,
@@ -247,7 +247,11 @@ impl std::error::Error for BodyError {}
 
 /// Checks a body and applies the model policy to it, as a new body (the usage edit aside).
 #[cfg(any(test, feature = "fuzzing"))]
-pub fn apply(endpoint: Endpoint, body: &[u8], models: &Models) -> Result<Applied, BodyError> {
+pub(crate) fn apply(
+    endpoint: Endpoint,
+    body: &[u8],
+    models: &Models,
+) -> Result<Applied, BodyError> {
     let plan = plan(endpoint, body, models)?;
     Ok(Applied {
         body: plan.edit.map(|edit| edit.applied_to(body)),
@@ -258,7 +262,7 @@ pub fn apply(endpoint: Endpoint, body: &[u8], models: &Models) -> Result<Applied
 /// The completion cap a budgeted request must have (`[budgets] default_max_tokens`,
 /// `unstated_cap`): written into a body that states none, or such a body refused. Built once.
 #[derive(Debug, Clone)]
-pub struct CapRule {
+pub(crate) struct CapRule {
     pub tokens: u64,
     pub refuse: bool,
     /// `"max_completion_tokens":N,` (chat), `"max_tokens":N,` (completions, Messages),
@@ -267,7 +271,7 @@ pub struct CapRule {
 }
 
 impl CapRule {
-    pub fn new(tokens: u64, refuse: bool) -> CapRule {
+    pub(crate) fn new(tokens: u64, refuse: bool) -> CapRule {
         let insert = |field: &str| format!("\"{field}\":{tokens},").into_bytes();
         CapRule {
             tokens,
@@ -292,7 +296,7 @@ impl CapRule {
     }
 
     /// The most bytes the insertion adds.
-    pub fn max_growth(&self) -> usize {
+    pub(crate) fn max_growth(&self) -> usize {
         self.inserts.iter().map(Vec::len).max().unwrap_or(0)
     }
 }
@@ -308,7 +312,7 @@ pub fn plan<'a, 'm: 'a>(
 
 /// `plan`, for a caller with a token budget when `cap` is given: a request that states no
 /// completion cap gets `cap`'s (or is refused), so its reservation is a true worst case.
-pub fn plan_capped<'a, 'm: 'a>(
+pub(crate) fn plan_capped<'a, 'm: 'a>(
     endpoint: Endpoint,
     body: &'a [u8],
     models: &'m Models,

@@ -17,7 +17,7 @@ use crate::metering::Prehashed;
 /// Locks the per-caller counts spread over.
 const SHARDS: usize = 16;
 
-pub struct Budget {
+pub(crate) struct Budget {
     limit: u64,
     used: AtomicU64,
     per_caller: u64,
@@ -28,12 +28,12 @@ pub struct Budget {
 
 impl Budget {
     #[cfg(test)]
-    pub fn new(limit: u64) -> Arc<Budget> {
+    pub(crate) fn new(limit: u64) -> Arc<Budget> {
         Budget::with_caller_limit(limit, limit)
     }
 
     /// All bodies within `limit`, one caller's within `per_caller`.
-    pub fn with_caller_limit(limit: u64, per_caller: u64) -> Arc<Budget> {
+    pub(crate) fn with_caller_limit(limit: u64, per_caller: u64) -> Arc<Budget> {
         Arc::new(Budget {
             limit,
             used: AtomicU64::new(0),
@@ -45,7 +45,7 @@ impl Budget {
 
     /// `bytes` of the budget for `caller`, or None when they would take the total or the
     /// caller's share past its limit.
-    pub fn reserve(
+    pub(crate) fn reserve(
         self: &Arc<Budget>,
         caller: Option<&Arc<Principal>>,
         bytes: u64,
@@ -60,7 +60,7 @@ impl Budget {
 
     /// Bytes reserved now.
     #[cfg(test)]
-    pub fn used(&self) -> u64 {
+    pub(crate) fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
     }
 
@@ -113,7 +113,7 @@ impl Budget {
 }
 
 /// Bytes held from the budget until dropped.
-pub struct Reservation {
+pub(crate) struct Reservation {
     budget: Arc<Budget>,
     caller: Option<u64>,
     bytes: u64,
@@ -121,12 +121,12 @@ pub struct Reservation {
 
 impl Reservation {
     #[cfg(test)]
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 
     /// Reserves `more` bytes besides; false, and nothing taken, when the budget is spent.
-    pub fn grow(&mut self, more: u64) -> bool {
+    pub(crate) fn grow(&mut self, more: u64) -> bool {
         let taken = self.budget.take(self.caller, more);
         if taken {
             self.bytes += more;
@@ -135,7 +135,7 @@ impl Reservation {
     }
 
     /// Gives back what is held beyond `bytes`.
-    pub fn shrink_to(&mut self, bytes: u64) {
+    pub(crate) fn shrink_to(&mut self, bytes: u64) {
         if bytes < self.bytes {
             self.budget.give(self.caller, self.bytes - bytes);
             self.bytes = bytes;

@@ -24,7 +24,7 @@ const REQUESTS: [&str; 3] = [
 ];
 
 /// Why a request may not go on for its budget.
-pub enum BudgetStop {
+pub(crate) enum BudgetStop {
     /// `429 budget_exceeded`.
     Over(Box<Refusal>),
     /// `503 budget_unavailable`: the counters are not seeded yet.
@@ -100,7 +100,7 @@ impl Gateway {
 /// OpenAI's rate-limit headers for `quota`, replacing the upstream's of the same names. The
 /// upstream's token headers go even when no token budget applies (a request budget only):
 /// its account's limits are not the caller's.
-pub fn quota_headers(response: &mut ResponseHeader, quota: &Quota) -> Result<()> {
+pub(crate) fn quota_headers(response: &mut ResponseHeader, quota: &Quota) -> Result<()> {
     for (names, line) in [(TOKENS, quota.tokens), (REQUESTS, quota.requests)] {
         let Some(line) = line else {
             if names == TOKENS {

@@ -8,16 +8,16 @@ use rand::RngCore;
 use crate::auth::{AuthFailure, Principal};
 
 /// `X-Request-Id`, kept inline: no allocation per request.
-pub struct RequestId {
+pub(crate) struct RequestId {
     buf: [u8; RequestId::MAX],
     len: u8,
 }
 
 impl RequestId {
-    pub const MAX: usize = 128;
+    pub(crate) const MAX: usize = 128;
 
     /// The client's id if well formed (1–128 of `A-Za-z0-9._-`), else a fresh random one.
-    pub fn from_client_or_new(client: Option<&[u8]>) -> RequestId {
+    pub(crate) fn from_client_or_new(client: Option<&[u8]>) -> RequestId {
         let mut id = RequestId {
             buf: [0; RequestId::MAX],
             len: 0,
@@ -41,19 +41,19 @@ impl RequestId {
         id
     }
 
-    pub fn well_formed(v: &[u8]) -> bool {
+    pub(crate) fn well_formed(v: &[u8]) -> bool {
         (1..=RequestId::MAX).contains(&v.len())
             && v.iter()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         // Only ASCII is ever stored.
         std::str::from_utf8(&self.buf[..self.len as usize]).unwrap_or_default()
     }
 }
 
-pub struct RequestCtx {
+pub(crate) struct RequestCtx {
     pub start: Instant,
     pub request_id: RequestId,
     /// The matched service, once routed and authorised.

@@ -46,10 +46,10 @@ use crate::usage::Dialect;
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT` in pingora-core): a body read ahead is only
 /// replayed to the upstream if it fits.
-pub const READ_AHEAD_MAX: u64 = 64 * 1024;
+pub(crate) const READ_AHEAD_MAX: u64 = 64 * 1024;
 
 /// The bounds on bodies read whole, from `[server]`.
-pub struct Buffering {
+pub(crate) struct Buffering {
     /// `buffered_bodies_max_bytes`, shared by every request.
     budget: Arc<Budget>,
     /// `max_buffered_body_bytes`.
@@ -59,7 +59,7 @@ pub struct Buffering {
 }
 
 impl Buffering {
-    pub fn new(limits: &BufferLimits) -> Buffering {
+    pub(crate) fn new(limits: &BufferLimits) -> Buffering {
         Buffering {
             budget: Budget::with_caller_limit(limits.total, limits.per_caller),
             max_body: limits.max_body,
@@ -69,7 +69,7 @@ impl Buffering {
 }
 
 /// What one exchange on an endpoint the gateway reads carries.
-pub struct Exchange {
+pub(crate) struct Exchange {
     pub endpoint: Endpoint,
     body: Body,
     /// The model after the policy, as the access log shows it (cut to 256 bytes).
@@ -111,7 +111,7 @@ struct Deadline {
 }
 
 /// What `request_filter` does next.
-pub enum Next {
+pub(crate) enum Next {
     Proxy,
     Refuse(GatewayError),
 }
@@ -119,7 +119,7 @@ pub enum Next {
 impl Exchange {
     /// Reads the body ahead when it is small enough to be replayed, else arranges to hold it.
     /// `keyed`: the service balances by affinity, so a chat or completions body gives its key.
-    pub async fn begin(
+    pub(crate) async fn begin(
         session: &mut Session,
         endpoint: Endpoint,
         models: &Models,
@@ -308,7 +308,7 @@ impl Exchange {
     }
 
     /// Framing for the body the upstream will get, and the codings it may answer in.
-    pub fn frame_upstream(&self, upstream: &mut RequestHeader) -> Result<()> {
+    pub(crate) fn frame_upstream(&self, upstream: &mut RequestHeader) -> Result<()> {
         self.metered.limit_codings(upstream)?;
         match &self.body {
             Body::Original => {}
@@ -324,7 +324,7 @@ impl Exchange {
     }
 
     /// Swaps in the changed body, or holds the body back until it is complete.
-    pub fn filter_body(
+    pub(crate) fn filter_body(
         &mut self,
         session: &mut Session,
         body: &mut Option<Bytes>,
@@ -367,7 +367,7 @@ impl Exchange {
 
     /// The gateway's own answer to a failure while this exchange was under way, if it has
     /// one: the 400 of a refused body, or the 408 of a held body that did not arrive in time.
-    pub fn failure(&self, e: &Error) -> Option<GatewayError> {
+    pub(crate) fn failure(&self, e: &Error) -> Option<GatewayError> {
         if self.error.is_some() {
             return Some(self.refused_as);
         }

@@ -10,11 +10,11 @@ use crate::config::ServiceConfig;
 
 /// Caps on what a client may send in headers: Pingora's own limits (256 headers, about
 /// 1 MiB) are far above what any API client needs, and every byte is forwarded upstream.
-pub const MAX_HEADERS: usize = 100;
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEADERS: usize = 100;
+pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// Whether the request's header block fits the caps.
-pub fn within_limits(req: &RequestHeader) -> bool {
+pub(crate) fn within_limits(req: &RequestHeader) -> bool {
     let headers = &req.headers;
     headers.len() <= MAX_HEADERS
         && headers
@@ -26,9 +26,9 @@ pub fn within_limits(req: &RequestHeader) -> bool {
 
 /// `X-Request-Id`, parsed once: a name given as a string is parsed again on every use. Statics,
 /// not consts: a const array of names would be built and dropped at every use.
-pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// `X-Session-Id`: the affinity key of a `prefix_affinity` service when sent.
-pub static X_SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
+pub(crate) static X_SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Never forwarded upstream. The client's credentials, then claims about the client's
@@ -68,7 +68,7 @@ fn present(headers: &http::HeaderMap, names: &[HeaderName]) -> u32 {
     found
 }
 
-pub fn to_upstream(
+pub(crate) fn to_upstream(
     req: &mut RequestHeader,
     service: &ServiceConfig,
     host: &HeaderValue,
@@ -99,7 +99,7 @@ pub fn to_upstream(
     Ok(())
 }
 
-pub fn to_client(resp: &mut ResponseHeader, request_id: &str) -> pingora::Result<()> {
+pub(crate) fn to_client(resp: &mut ResponseHeader, request_id: &str) -> pingora::Result<()> {
     let found = present(&resp.headers, &NOT_TO_CLIENT);
     for (i, name) in NOT_TO_CLIENT.iter().enumerate() {
         if found & (1 << i) != 0 {
@@ -137,7 +137,7 @@ fn ip_value(ip: IpAddr) -> HeaderValue {
     HeaderValue::from_bytes(&buf[..len]).expect("digits and dots are a valid value")
 }
 
-pub fn is_event_stream(resp: &ResponseHeader) -> bool {
+pub(crate) fn is_event_stream(resp: &ResponseHeader) -> bool {
     resp.headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

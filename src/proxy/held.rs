@@ -16,7 +16,7 @@ use crate::model_policy::Edit;
 /// The first allocation for a body of unknown length: about what one read brings.
 const FIRST: usize = 64 * 1024;
 
-pub struct Held {
+pub(crate) struct Held {
     buf: Vec<u8>,
     /// Always the buffer's capacity: what is allocated is what is counted.
     reservation: Reservation,
@@ -31,7 +31,7 @@ impl Held {
     /// Room for a first read's worth of the body: the rest is reserved as it arrives, never
     /// from a declared length alone (a head that declares 8 MiB and sends nothing holds
     /// 64 KiB, not 8 MiB).
-    pub fn new(
+    pub(crate) fn new(
         budget: &Arc<Budget>,
         caller: Option<&Arc<Principal>>,
         declared: Option<usize>,
@@ -55,7 +55,7 @@ impl Held {
     }
 
     /// Appends a chunk: 413 past `max`, 503 when the budget cannot cover the room it needs.
-    pub fn push(&mut self, chunk: &[u8]) -> Result<(), GatewayError> {
+    pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<(), GatewayError> {
         let len = self.buf.len() + chunk.len();
         if len > self.max {
             return Err(GatewayError::PayloadTooLarge);
@@ -70,12 +70,12 @@ impl Held {
         Ok(())
     }
 
-    pub fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.buf
     }
 
     /// Makes the policy's edit in the buffer itself.
-    pub fn edit(&mut self, edit: &Edit<'_>) -> Result<(), GatewayError> {
+    pub(crate) fn edit(&mut self, edit: &Edit<'_>) -> Result<(), GatewayError> {
         let len = self.buf.len() + edit.growth();
         if len > self.buf.capacity() {
             self.grow_to(len)?;
@@ -85,7 +85,7 @@ impl Held {
     }
 
     /// The body for Pingora to send; the reservation ends when Pingora drops it.
-    pub fn into_bytes(self) -> Bytes {
+    pub(crate) fn into_bytes(self) -> Bytes {
         Bytes::from_owner(self)
     }
 

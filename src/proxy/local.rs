@@ -11,7 +11,7 @@ use super::budgeted::{quota_headers, BudgetStop};
 use super::{unmetered, RequestCtx};
 use crate::errors::{write_local, GatewayError};
 
-pub async fn health(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+pub(crate) async fn health(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
     const BODY: &[u8] = br#"{"status":"ok"}"#;
     let mut h = ResponseHeader::build(200, Some(4))?;
     h.insert_header("content-type", "application/json")?;
@@ -24,7 +24,11 @@ pub async fn health(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
     Ok(true)
 }
 
-pub async fn reject(session: &mut Session, ctx: &mut RequestCtx, e: GatewayError) -> Result<bool> {
+pub(crate) async fn reject(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    e: GatewayError,
+) -> Result<bool> {
     // Never drain an unread body just to keep the connection; and every 401 closes,
     // so all of them look alike and guessing costs a new connection.
     // CONNECT would turn the connection into a tunnel: never read on after refusing it.
@@ -49,7 +53,7 @@ pub async fn reject(session: &mut Session, ctx: &mut RequestCtx, e: GatewayError
 
 /// `429 budget_exceeded`, naming the window, with `Retry-After` and the window's
 /// `x-ratelimit-*` headers; or `503 budget_unavailable`.
-pub async fn over_budget(
+pub(crate) async fn over_budget(
     session: &mut Session,
     ctx: &mut RequestCtx,
     stop: &BudgetStop,
@@ -82,7 +86,7 @@ pub async fn over_budget(
 
 /// The answer to a proxy attempt that failed: a refused body's 400, a held body's 408, 413
 /// or 503, or the upstream's 502/504.
-pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+pub(crate) async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
     // Pingora closes the client's connection after a failed proxy attempt whatever this
     // returns (it reuses it only after an error before proxying), so the answer must say
     // `Connection: close`: a client told keep-alive would send its next request into a reset.
@@ -136,7 +140,7 @@ pub async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
 }
 
 /// A bounded label for an upstream failure; `None` when the failure was not the upstream's.
-pub fn upstream_error_kind(e: &Error) -> Option<&'static str> {
+pub(crate) fn upstream_error_kind(e: &Error) -> Option<&'static str> {
     use ErrorType::*;
     match e.etype() {
         ConnectRefused | ConnectNoRoute | ConnectError => Some("refused"),

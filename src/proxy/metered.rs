@@ -14,14 +14,14 @@ use crate::usage::{Dialect, Encoding, Framing, Usage, UsageScanner};
 
 /// What an exchange was charged, once it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Charged {
+pub(crate) struct Charged {
     pub usage: Usage,
     /// Estimated: the stream ended without a usage report.
     pub estimated: bool,
 }
 
 #[derive(Default)]
-pub struct Metered {
+pub(crate) struct Metered {
     /// Request body bytes, for the estimate of a stream's prompt.
     request_bytes: usize,
     /// The gateway turned `include_usage` on: what it adds is removed from the stream.
@@ -45,13 +45,18 @@ pub struct Metered {
 
 /// The most tokens of one kind a single request is believed to use; a count above it is the
 /// upstream's error (or a lie), charged as if no usage came.
-pub const IMPLAUSIBLE: u64 = 1 << 32;
+pub(crate) const IMPLAUSIBLE: u64 = 1 << 32;
 
 impl Metered {
     /// The request body as it was checked: its size, and whether the gateway asked for the
     /// usage the client did not.
     /// `dialect` is `None` for an endpoint that reports no usage because it generates nothing.
-    pub fn request_read(&mut self, body_len: usize, adds_usage: bool, dialect: Option<Dialect>) {
+    pub(crate) fn request_read(
+        &mut self,
+        body_len: usize,
+        adds_usage: bool,
+        dialect: Option<Dialect>,
+    ) {
         self.request_bytes = body_len;
         self.adds_usage = adds_usage;
         self.dialect = dialect.unwrap_or_default();
@@ -61,7 +66,7 @@ impl Metered {
     /// The upstream's `Accept-Encoding`: only codings the scanner decodes, of those the client
     /// accepts (`identity` when none). A stream the gateway takes usage out of stays
     /// uncompressed, as it must be edited.
-    pub fn limit_codings(&self, upstream: &mut RequestHeader) -> Result<()> {
+    pub(crate) fn limit_codings(&self, upstream: &mut RequestHeader) -> Result<()> {
         let codings = if self.adds_usage {
             "identity"
         } else {
@@ -75,14 +80,14 @@ impl Metered {
     }
 
     /// The budgeted request's worst case, charged should its usage go unread.
-    pub fn charge_if_unread(&mut self, prompt: u64, completion: u64) {
+    pub(crate) fn charge_if_unread(&mut self, prompt: u64, completion: u64) {
         self.worst_case = Some((prompt, completion));
     }
 
     /// Starts reading the response, if its coding can be read. A stream the gateway takes
     /// usage out of loses any `Content-Length` (it will be shorter): chunked to an HTTP/1.1
     /// client, delimited by the close to an HTTP/1.0 one, framed by HTTP/2 itself.
-    pub fn response_started(
+    pub(crate) fn response_started(
         &mut self,
         response: &mut ResponseHeader,
         event_stream: bool,
@@ -118,7 +123,7 @@ impl Metered {
 
     /// Reads a response chunk as it passes; on a stream where the gateway asked for usage,
     /// what that added is taken out.
-    pub fn response_chunk(&mut self, body: &mut Option<Bytes>, end_of_stream: bool) {
+    pub(crate) fn response_chunk(&mut self, body: &mut Option<Bytes>, end_of_stream: bool) {
         if let (Some(scanner), Some(chunk)) = (&mut self.scanner, body.as_ref()) {
             scanner.feed(chunk);
         }
@@ -152,7 +157,7 @@ impl Metered {
     /// body. A stream cut after its opening report only (Messages states its usage at the
     /// start, and its output again at the end) is charged at least a token per event, or the
     /// completion cap when budgeted.
-    pub fn settle(&mut self, status: u16, cut: bool) -> Option<&'static str> {
+    pub(crate) fn settle(&mut self, status: u16, cut: bool) -> Option<&'static str> {
         if self.free {
             // A token count: a request in the ledger, never tokens, and nothing to read.
             self.charged = (200..300).contains(&status).then_some(Charged {
@@ -218,7 +223,7 @@ impl Metered {
 
     /// Whether an answer's usage may still come: it generates, its coding is read, and no
     /// usage report was seen yet (or only a Messages stream's opening one).
-    pub fn usage_pending(&self) -> bool {
+    pub(crate) fn usage_pending(&self) -> bool {
         let read = self.scanner.as_ref().and_then(UsageScanner::usage);
         let opening = self
             .scanner
@@ -228,7 +233,7 @@ impl Metered {
     }
 
     /// What the exchange was charged, once settled.
-    pub fn charged(&self) -> Option<&Charged> {
+    pub(crate) fn charged(&self) -> Option<&Charged> {
         self.charged.as_ref()
     }
 }

@@ -4,7 +4,7 @@
 mod budget;
 mod budgeted;
 mod context;
-pub mod exchange;
+pub(crate) mod exchange;
 mod headers;
 mod held;
 mod local;
@@ -24,9 +24,9 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
-pub use context::{RequestCtx, RequestId};
+pub(crate) use context::{RequestCtx, RequestId};
 use route::Route;
-pub use route::RouteId;
+pub(crate) use route::RouteId;
 pub use upstream::peer_for;
 
 use crate::access_log::{self, AccessLog};
@@ -41,7 +41,7 @@ use crate::rate_limit::Backend;
 use crate::replicas::Replicas;
 use crate::routing::{self, Target};
 
-pub struct Gateway {
+pub(crate) struct Gateway {
     routes: Vec<Route>,
     /// The metric handles of `/healthz` (`_local`) and of everything unrouted (`_unknown`).
     local_metrics: ServiceMetrics,
@@ -74,7 +74,7 @@ enum Decision {
 impl Gateway {
     /// `replicas`: per service, in the order of `config.services`; `redis`: the process's
     /// connection to `[rate_limits] redis`, shared by rate limits and budgets.
-    pub fn new(
+    pub(crate) fn new(
         config: &Config,
         auth: Authenticator,
         metrics: Arc<Metrics>,

@@ -10,7 +10,7 @@ use crate::metering::Charge;
 use crate::time::rfc3339_millis;
 
 /// The access-log line of a finished request; `service` is its bounded metrics label.
-pub fn access_line(
+pub(crate) fn access_line(
     session: &Session,
     ctx: &RequestCtx,
     service: &str,
@@ -68,7 +68,7 @@ pub fn access_line(
 /// What the ledger charges for a finished request: every request of an authenticated caller
 /// that was routed and sent upstream (not one the gateway refused before its body went), with
 /// the usage read from its response (0 when none).
-pub fn charge<'a>(ctx: &'a RequestCtx, service: &'a str, status: u16) -> Option<Charge<'a>> {
+pub(crate) fn charge<'a>(ctx: &'a RequestCtx, service: &'a str, status: u16) -> Option<Charge<'a>> {
     let principal = ctx.principal.as_deref()?;
     ctx.route?;
     ctx.upstream_sent?;

@@ -13,7 +13,7 @@ use crate::model_policy::Models;
 use crate::rate_limit::{Backend, Limit};
 use crate::replicas::{prefix, Chosen, Replicas};
 
-pub struct Route {
+pub(crate) struct Route {
     pub settings: ServiceConfig,
     pub replicas: Arc<Replicas>,
     pub limit: Limit,
@@ -23,7 +23,7 @@ pub struct Route {
 
 impl Route {
     /// Every service's route; `replicas` in the order of `config.services`.
-    pub fn all(
+    pub(crate) fn all(
         config: &Config,
         metrics: &Metrics,
         replicas: Vec<Arc<Replicas>>,
@@ -44,21 +44,21 @@ impl Route {
     }
 
     /// The model policy, on a service with an `api`.
-    pub fn models(&self) -> Option<&Models> {
+    pub(crate) fn models(&self) -> Option<&Models> {
         self.settings.models.as_ref()
     }
 }
 
 /// Which `Route` a request took, once routed and authorised; an index into the gateway's list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RouteId(u32);
+pub(crate) struct RouteId(u32);
 
 impl RouteId {
-    pub fn new(index: usize) -> RouteId {
+    pub(crate) fn new(index: usize) -> RouteId {
         RouteId(index as u32)
     }
 
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self.0 as usize
     }
 }

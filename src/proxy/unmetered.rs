@@ -7,7 +7,7 @@
 use http::Method;
 
 /// Whether a request the gateway does not meter may go through for a budgeted caller.
-pub fn allowed(unmetered_paths: &[String], method: &Method, forward: &[u8]) -> bool {
+pub(crate) fn allowed(unmetered_paths: &[String], method: &Method, forward: &[u8]) -> bool {
     let path = path_of(forward);
     if (method == Method::GET || method == Method::HEAD) && is_model_list(path) {
         return true;
@@ -20,7 +20,7 @@ pub fn allowed(unmetered_paths: &[String], method: &Method, forward: &[u8]) -> b
 
 /// The 403's message: the forwarded path (without its query, which may carry anything), cut
 /// short. The path itself was checked by the router: no control characters.
-pub fn refusal_message(forward: &[u8]) -> String {
+pub(crate) fn refusal_message(forward: &[u8]) -> String {
     let path = String::from_utf8_lossy(path_of(forward));
     let shown: String = path.chars().take(256).collect();
     format!(

@@ -15,13 +15,13 @@ const WINDOW: Duration = Duration::from_secs(60);
 const SLOTS: usize = 4096;
 const HASHES: usize = 4;
 
-pub struct Limiter {
+pub(crate) struct Limiter {
     rate: Rate,
     per_window: isize,
 }
 
 impl Limiter {
-    pub fn per_minute(limit: u32) -> Limiter {
+    pub(crate) fn per_minute(limit: u32) -> Limiter {
         Limiter {
             rate: Rate::new_with_estimator_config(WINDOW, HASHES, SLOTS),
             per_window: limit as isize,
@@ -29,7 +29,7 @@ impl Limiter {
     }
 
     /// Counts this request; `Err(seconds)` until the window ends if it is over the limit.
-    pub fn check(&self, principal: &Principal) -> Result<(), u64> {
+    pub(crate) fn check(&self, principal: &Principal) -> Result<(), u64> {
         let key = principal.rate_subject();
         if self.rate.observe(&key, 1) <= self.per_window {
             return Ok(());

@@ -12,11 +12,11 @@ use std::sync::Arc;
 
 use crate::auth::Principal;
 
-pub use self::local::Limiter;
-pub use self::redis::{escape_id, Backend};
+pub(crate) use self::local::Limiter;
+pub(crate) use self::redis::{escape_id, Backend};
 
 /// One service's limit.
-pub enum Limit {
+pub(crate) enum Limit {
     None,
     Local(Limiter),
     Shared(self::redis::Shared),
@@ -24,7 +24,11 @@ pub enum Limit {
 
 impl Limit {
     /// `backend`: this process's Redis, when `[rate_limits] redis` is set.
-    pub fn new(service: &str, per_minute: Option<u32>, backend: Option<&Arc<Backend>>) -> Limit {
+    pub(crate) fn new(
+        service: &str,
+        per_minute: Option<u32>,
+        backend: Option<&Arc<Backend>>,
+    ) -> Limit {
         match (per_minute, backend) {
             (None, _) => Limit::None,
             (Some(n), None) => Limit::Local(Limiter::per_minute(n)),
@@ -33,7 +37,7 @@ impl Limit {
     }
 
     /// Counts this request; `Err(seconds)` (the Retry-After) when it is over the limit.
-    pub async fn check(&self, principal: &Principal) -> Result<(), u64> {
+    pub(crate) async fn check(&self, principal: &Principal) -> Result<(), u64> {
         match self {
             Limit::None => Ok(()),
             Limit::Local(local) => local.check(principal),

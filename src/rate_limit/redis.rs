@@ -33,16 +33,16 @@ use crate::auth::Principal;
 use crate::config::RedisServer;
 
 /// The longest a request waits on Redis before it is decided per process.
-pub const TIMEOUT: Duration = Duration::from_millis(50);
+pub(crate) const TIMEOUT: Duration = Duration::from_millis(50);
 /// While Redis is down, at most one request per this interval asks it again.
-pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// The period `rate_limit_per_minute` counts over, in the script's unit (microseconds).
 const PERIOD_US: u64 = 60_000_000;
 
 /// KEYS[1]: the caller's key. ARGV[1]: requests per period; ARGV[2]: the period in µs.
 /// Returns `{1, 0}` for an allowed request (counted), `{0, µs until one would be allowed}` for
 /// a refused one (not counted). Numbers are doubles in Lua: exact for integers below 2^53 µs.
-pub const SCRIPT: &str = r#"
+pub(crate) const SCRIPT: &str = r#"
 if redis.replicate_commands then redis.replicate_commands() end
 local limit = tonumber(ARGV[1])
 local period = tonumber(ARGV[2])
@@ -60,7 +60,7 @@ return {1, 0}
 "#;
 
 /// One per process, shared by every service's limit: the connection, the script, the health.
-pub struct Backend {
+pub(crate) struct Backend {
     client: ::redis::Client,
     /// For logs: the URL without user name or password.
     shown: String,
@@ -84,7 +84,7 @@ struct ErrorCounters {
 impl Backend {
     /// No connection yet: it is made on first use, so a Redis that is down at start-up delays
     /// nothing. `errors` is `portcullis_rate_limit_backend_errors_total`.
-    pub fn new(server: &RedisServer, errors: &IntCounterVec) -> Backend {
+    pub(crate) fn new(server: &RedisServer, errors: &IntCounterVec) -> Backend {
         log::info!(
             "rate limits are shared through Redis at {} (GCRA; per process while it fails)",
             server.shown
@@ -107,7 +107,7 @@ impl Backend {
 
     /// The fleet's decision for one request under `key`; `None` when Redis failed, timed out
     /// or is known to be down: the caller then decides alone.
-    pub async fn decide(&self, key: &str, limit: u32) -> Option<Result<(), u64>> {
+    pub(crate) async fn decide(&self, key: &str, limit: u32) -> Option<Result<(), u64>> {
         let (allowed, wait_us) = self
             .invoke::<(i64, i64)>(
                 &self.script,
@@ -125,7 +125,7 @@ impl Backend {
 
     /// Runs `script` on `keys` and `args` within `timeout`; `None` when Redis failed, timed
     /// out or is known to be down (counted, warned once per outage).
-    pub async fn invoke<T: ::redis::FromRedisValue>(
+    pub(crate) async fn invoke<T: ::redis::FromRedisValue>(
         &self,
         script: &Script,
         keys: &[&str],
@@ -185,12 +185,12 @@ impl Backend {
 
     /// How many outages have ended since start-up: budgets re-seed the shared counters from
     /// the ledger after each.
-    pub fn recoveries(&self) -> u64 {
+    pub(crate) fn recoveries(&self) -> u64 {
         self.recoveries.load(Ordering::Acquire)
     }
 
     /// Whether Redis is known to be down now.
-    pub fn is_down(&self) -> bool {
+    pub(crate) fn is_down(&self) -> bool {
         self.health.down.load(Ordering::Acquire)
     }
 
@@ -247,7 +247,7 @@ thread_local! {
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 /// One service's limit shared through Redis, with the per-process limiter as its fallback.
-pub struct Shared {
+pub(crate) struct Shared {
     backend: Arc<Backend>,
     service: Box<str>,
     limit: u32,
@@ -255,7 +255,7 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(backend: Arc<Backend>, service: &str, limit: u32) -> Shared {
+    pub(crate) fn new(backend: Arc<Backend>, service: &str, limit: u32) -> Shared {
         Shared {
             backend,
             service: service.into(),
@@ -264,7 +264,7 @@ impl Shared {
         }
     }
 
-    pub async fn check(&self, principal: &Principal) -> Result<(), u64> {
+    pub(crate) async fn check(&self, principal: &Principal) -> Result<(), u64> {
         // Counted per process on every request, so that a fallback starts from this process's
         // recent traffic rather than from nothing.
         let local = self.local.check(principal);
@@ -276,7 +276,7 @@ impl Shared {
 
 /// `portcullis:ratelimit:<service>:<kind>:<escaped id>`. Service names (`a-z0-9-_`) and kinds
 /// hold no `:`, and the id is escaped, so two callers never share a key.
-pub fn caller_key(service: &str, kind: &str, id: &str) -> String {
+pub(crate) fn caller_key(service: &str, kind: &str, id: &str) -> String {
     let mut key = String::with_capacity(24 + service.len() + kind.len() + id.len());
     key.push_str("portcullis:ratelimit:");
     key.push_str(service);
@@ -290,7 +290,7 @@ pub fn caller_key(service: &str, kind: &str, id: &str) -> String {
 /// A principal id (a key id, or a JWT `sub`, which may hold anything) as a key segment: bytes
 /// other than `A-Za-z0-9-._~` become `%XX` (`%` included), so the mapping is one-to-one and
 /// the segment holds no `:`, space, control character or `{…}` (a Redis Cluster hash tag).
-pub fn escape_id(id: &str, out: &mut String) {
+pub(crate) fn escape_id(id: &str, out: &mut String) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &b in id.as_bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {

@@ -38,7 +38,7 @@ impl Affinity {
 
 /// The ring of a service's replicas, built once at start-up: the replica set is the
 /// configured list (DNS changes a replica's addresses, never the list).
-pub struct Ring {
+pub(crate) struct Ring {
     /// (point, replica index), sorted by point.
     points: Box<[(u64, u8)]>,
     replicas: usize,
@@ -47,7 +47,7 @@ pub struct Ring {
 impl Ring {
     /// Points come from the configured `host:port` labels, so every gateway of a fleet with
     /// the same config builds the same ring and sends a conversation to the same replica.
-    pub fn new<'a>(labels: impl ExactSizeIterator<Item = &'a str>) -> Ring {
+    pub(crate) fn new<'a>(labels: impl ExactSizeIterator<Item = &'a str>) -> Ring {
         let replicas = labels.len();
         let mut points = Vec::with_capacity(replicas * POINTS_PER_REPLICA);
         let mut name = Vec::new();
@@ -68,7 +68,7 @@ impl Ring {
     }
 
     /// Every replica once, in ring order from `key`'s place: its owner first.
-    pub fn walk(&self, key: u64) -> Walk<'_> {
+    pub(crate) fn walk(&self, key: u64) -> Walk<'_> {
         Walk {
             start: self.points.partition_point(|&(p, _)| p < key),
             ring: self,
@@ -79,7 +79,7 @@ impl Ring {
     }
 }
 
-pub struct Walk<'a> {
+pub(crate) struct Walk<'a> {
     ring: &'a Ring,
     start: usize,
     steps: usize,
@@ -109,20 +109,20 @@ impl Iterator for Walk<'_> {
 /// The most requests a replica may have in flight and still take one more for its keys:
 /// ⌈factor × (in flight across the service + 1) / replicas in rotation⌉. Never below 1, so an
 /// idle service never spills.
-pub fn bound(load_factor: f64, total_in_flight: usize, in_rotation: usize) -> usize {
+pub(crate) fn bound(load_factor: f64, total_in_flight: usize, in_rotation: usize) -> usize {
     let mean = (total_in_flight + 1) as f64 / in_rotation.max(1) as f64;
     ((load_factor * mean).ceil() as usize).max(1)
 }
 
 /// `portcullis_affinity_total{service, result}` of one service, present at 0 from start-up.
-pub struct Counters([IntCounter; 3]);
+pub(crate) struct Counters([IntCounter; 3]);
 
 impl Counters {
-    pub fn new(metrics: &crate::metrics::Metrics, service: &str) -> Counters {
+    pub(crate) fn new(metrics: &crate::metrics::Metrics, service: &str) -> Counters {
         Counters(Affinity::ALL.map(|a| metrics.affinity(service, a.as_str())))
     }
 
-    pub fn count(&self, result: Affinity) {
+    pub(crate) fn count(&self, result: Affinity) {
         self.0[result as usize].inc();
     }
 }

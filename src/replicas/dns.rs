@@ -20,11 +20,11 @@ use super::Replicas;
 use crate::config::Upstream;
 
 #[derive(Clone)]
-pub struct UpstreamResolver(Arc<TokioResolver>);
+pub(crate) struct UpstreamResolver(Arc<TokioResolver>);
 
 impl UpstreamResolver {
     /// `servers`: `[dns] servers`, each asked over UDP and TCP; `None`: the system's.
-    pub fn new(servers: Option<&[SocketAddr]>) -> Result<UpstreamResolver, String> {
+    pub(crate) fn new(servers: Option<&[SocketAddr]>) -> Result<UpstreamResolver, String> {
         let mut builder = match servers {
             Some(servers) => {
                 let group: Vec<NameServerConfig> = servers
@@ -51,7 +51,7 @@ impl UpstreamResolver {
     }
 
     /// Every address of `host`, sorted, with `port`.
-    pub async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+    pub(crate) async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
         let found = self
             .0
             .lookup_ip(host)
@@ -69,7 +69,7 @@ impl UpstreamResolver {
 }
 
 /// Builds the peer of one address with the service's connection settings.
-pub type MakePeer = Arc<dyn Fn(&Upstream, SocketAddr) -> HttpPeer + Send + Sync>;
+pub(crate) type MakePeer = Arc<dyn Fn(&Upstream, SocketAddr) -> HttpPeer + Send + Sync>;
 
 /// A replica whose host is a name, and how to build a peer for a new address of it.
 #[derive(Clone)]
@@ -83,13 +83,13 @@ struct Watched {
 
 /// The background service. Its resolver is made when it starts, on the runtime that uses it
 /// (after a daemon's fork).
-pub struct DnsRefresh {
+pub(crate) struct DnsRefresh {
     servers: Option<Vec<SocketAddr>>,
     watched: Vec<Watched>,
 }
 
 impl DnsRefresh {
-    pub fn new(servers: Option<Vec<SocketAddr>>) -> DnsRefresh {
+    pub(crate) fn new(servers: Option<Vec<SocketAddr>>) -> DnsRefresh {
         DnsRefresh {
             servers,
             watched: Vec::new(),
@@ -97,7 +97,7 @@ impl DnsRefresh {
     }
 
     /// Watches every replica of `replicas` named by host name (IP literals never change).
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         replicas: &Arc<Replicas>,
         upstreams: &[Upstream],
@@ -117,7 +117,7 @@ impl DnsRefresh {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.watched.is_empty()
     }
 }

@@ -27,14 +27,14 @@ struct Checked {
 }
 
 #[derive(Default)]
-pub struct HealthChecks {
+pub(crate) struct HealthChecks {
     checked: Vec<Arc<Checked>>,
     all: Vec<Arc<Replicas>>,
 }
 
 impl HealthChecks {
     /// `make_peer` gives the service's connection settings (TLS, trusted roots) to the checks.
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         replicas: Arc<Replicas>,
         settings: Option<&HealthCheckSettings>,

@@ -9,7 +9,7 @@
 mod affinity;
 mod dns;
 mod health;
-pub mod prefix;
+pub(crate) mod prefix;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,9 +23,9 @@ use prometheus::{IntCounter, IntGauge};
 use crate::config::{Balance, Balancing, ServiceConfig, Upstream};
 use crate::metrics::Metrics;
 
-pub use affinity::Affinity;
-pub use dns::{DnsRefresh, MakePeer, UpstreamResolver};
-pub use health::HealthChecks;
+pub(crate) use affinity::Affinity;
+pub(crate) use dns::{DnsRefresh, MakePeer, UpstreamResolver};
+pub(crate) use health::HealthChecks;
 
 pub struct Replicas {
     pub service: Box<str>,

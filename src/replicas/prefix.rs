@@ -13,7 +13,7 @@
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// The most bytes looked for the member in, and the most bytes hashed.
-pub const WINDOW: usize = 16 * 1024;
+pub(crate) const WINDOW: usize = 16 * 1024;
 
 /// Header keys and body keys never meet: a session id equal to a body's bytes is another key.
 const HEADER_SEED: u64 = 0x5e55_10a1;
@@ -29,7 +29,7 @@ pub fn body_key(body: &[u8]) -> Option<u64> {
 }
 
 /// The bytes [`body_key`] hashes.
-pub fn conversation_start(body: &[u8]) -> Option<&[u8]> {
+pub(crate) fn conversation_start(body: &[u8]) -> Option<&[u8]> {
     // The member is looked for in the window only: skipping what precedes it never reads on.
     let mut s = Scan {
         b: &body[..body.len().min(WINDOW)],

@@ -30,7 +30,7 @@ mod agent_tests;
 mod object;
 mod scan;
 mod sse;
-pub mod strip;
+pub(crate) mod strip;
 #[cfg(test)]
 mod tests;
 

@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 
 /// Filters one event stream (identity-coded), chunk by chunk.
 #[derive(Default)]
-pub struct UsageStripper {
+pub(crate) struct UsageStripper {
     /// The start of an event not yet complete.
     held: BytesMut,
     lines: Lines,
@@ -29,12 +29,12 @@ pub struct UsageStripper {
 }
 
 impl UsageStripper {
-    pub fn new() -> UsageStripper {
+    pub(crate) fn new() -> UsageStripper {
         UsageStripper::default()
     }
 
     /// The bytes to send on for `chunk`: the same bytes when nothing in it changes.
-    pub fn filter(&mut self, mut chunk: Bytes) -> Bytes {
+    pub(crate) fn filter(&mut self, mut chunk: Bytes) -> Bytes {
         if self.lines.cr_ended_event && chunk.first() == Some(&b'\n') {
             self.lines.cr_ended_event = false;
             self.lines.after_cr = false;
@@ -85,7 +85,7 @@ impl UsageStripper {
     }
 
     /// What is still held when the stream ends (an event never completed): sent as it is.
-    pub fn finish(&mut self) -> Bytes {
+    pub(crate) fn finish(&mut self) -> Bytes {
         self.held.split().freeze()
     }
 }

@@ -21,7 +21,7 @@ use super::{Entry, KnownKey};
 use crate::auth::token::KeyId;
 use crate::auth::{Principal, PrincipalKind};
 
-pub struct Lookup {
+pub(crate) struct Lookup {
     pub store: Arc<dyn KeyStore>,
     pub health: Arc<StoreHealth>,
     /// `portcullis_key_store_lookups_total{result}`, when metrics are on.
@@ -29,7 +29,7 @@ pub struct Lookup {
 }
 
 impl Lookup {
-    pub fn new(store: Arc<dyn KeyStore>) -> Lookup {
+    pub(crate) fn new(store: Arc<dyn KeyStore>) -> Lookup {
         Lookup {
             store,
             health: Arc::default(),
@@ -45,7 +45,7 @@ impl Lookup {
 
     /// One store lookup per id, shared by every concurrent miss for it (moka coalesces).
     /// A store known to be down is not asked (but once a second): the miss fails at once.
-    pub async fn load(&self, key_id: KeyId) -> Result<Entry, StoreError> {
+    pub(crate) async fn load(&self, key_id: KeyId) -> Result<Entry, StoreError> {
         if !self.health.may_try() {
             self.count("unavailable");
             return Err("the key store is down".into());
@@ -79,14 +79,14 @@ impl Lookup {
 }
 
 /// Drops a revoked key from `cache` at once, then looks again (`recheck`).
-pub async fn evict(cache: &Cache<KeyId, Entry>, lookup: &Arc<Lookup>, key_id: KeyId) {
+pub(crate) async fn evict(cache: &Cache<KeyId, Entry>, lookup: &Arc<Lookup>, key_id: KeyId) {
     cache.invalidate(&key_id).await;
     recheck(cache, lookup, key_id).await;
 }
 
 /// Called after `key_id` was invalidated: what a lookup in flight cached, or a fresh one, is
 /// kept only if it shows the key revoked. Costs one store query per revoke per gateway.
-pub async fn recheck(cache: &Cache<KeyId, Entry>, lookup: &Arc<Lookup>, key_id: KeyId) {
+pub(crate) async fn recheck(cache: &Cache<KeyId, Entry>, lookup: &Arc<Lookup>, key_id: KeyId) {
     let now = cache.try_get_with(key_id, lookup.load(key_id)).await;
     if !matches!(now, Ok(Entry::Known(key)) if key.revoked) {
         cache.invalidate(&key_id).await;

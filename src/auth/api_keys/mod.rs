@@ -20,12 +20,12 @@ use super::token::{KeyId, API_KEY_PREFIX};
 use super::Principal;
 use crate::time::unix_now;
 use lookup::Lookup;
-pub use push::RevocationPush;
-pub use store::{
-    check_postgres_url, is_postgres_url, open_store, Budget, BudgetChange, Grouping, KeyRecord,
-    KeyStore, PageEnd, StoreError, StoredKey, Subject, UsageCounts, UsageQuery, UsageRow,
-    UsageTotal, WindowStarts, WindowUsage,
+pub(crate) use push::RevocationPush;
+pub(crate) use store::{
+    check_postgres_url, is_postgres_url, Budget, BudgetChange, KeyRecord, PageEnd, StoreError,
+    StoredKey, Subject, UsageTotal, WindowStarts, WindowUsage,
 };
+pub use store::{open_store, Grouping, KeyStore, UsageCounts, UsageQuery, UsageRow};
 
 #[derive(Clone)]
 enum Entry {
@@ -175,7 +175,7 @@ pub async fn create_key(
 
 /// What a new key is for.
 #[derive(Debug)]
-pub struct KeySpec {
+pub(crate) struct KeySpec {
     pub name: String,
     pub scopes: Vec<String>,
     pub expires_in: Option<Duration>,
@@ -186,7 +186,7 @@ pub struct KeySpec {
 
 /// Creates a key, or `None` when `cap` is given and the owner already has that many active
 /// keys (counted and inserted atomically by the store).
-pub async fn create_owned_key(
+pub(crate) async fn create_owned_key(
     store: &dyn KeyStore,
     spec: KeySpec,
     cap: Option<u32>,

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// While the store is down, at most one lookup per this interval goes to it.
-pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 
-pub struct StoreHealth {
+pub(crate) struct StoreHealth {
     down: AtomicBool,
     /// Set by the revocation listener while its connection to the store is lost: no request
     /// then waits on the store at all; the listener's reconnection is the probe.
@@ -29,13 +29,13 @@ impl Default for StoreHealth {
 }
 
 impl StoreHealth {
-    pub fn is_down(&self) -> bool {
+    pub(crate) fn is_down(&self) -> bool {
         self.down.load(Ordering::Acquire)
     }
 
     /// Whether a lookup may go to the store now: always while it is up; while it is down, only
     /// the one caller that claims the next attempt slot.
-    pub fn may_try(&self) -> bool {
+    pub(crate) fn may_try(&self) -> bool {
         if !self.is_down() {
             return true;
         }
@@ -52,25 +52,25 @@ impl StoreHealth {
     }
 
     /// The listener lost its connection and could not get it back: the store is down.
-    pub fn hold_down(&self, error: &dyn std::fmt::Display) {
+    pub(crate) fn hold_down(&self, error: &dyn std::fmt::Display) {
         self.held_down.store(true, Ordering::Release);
         self.failed(error);
     }
 
     /// The listener is connected again: the store answers.
-    pub fn release(&self) {
+    pub(crate) fn release(&self) {
         if self.held_down.swap(false, Ordering::AcqRel) {
             self.succeeded();
         }
     }
 
-    pub fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         if self.down.swap(false, Ordering::AcqRel) {
             log::warn!("api key store is reachable again");
         }
     }
 
-    pub fn failed(&self, error: &dyn std::fmt::Display) {
+    pub(crate) fn failed(&self, error: &dyn std::fmt::Display) {
         self.next_attempt_ms
             .store(self.now_ms() + retry_ms(), Ordering::Release);
         if !self.down.swap(true, Ordering::AcqRel) {

@@ -28,14 +28,14 @@ enum ScopeList {
 
 impl Claims {
     /// `exp` in whole seconds, rounded down so a cache entry never outlives the token.
-    pub fn exp(&self) -> Option<i64> {
+    pub(crate) fn exp(&self) -> Option<i64> {
         self.exp
             .as_i64()
             .or_else(|| self.exp.as_f64().map(|f| f.floor() as i64))
     }
 
     /// The union of `scope`, `scp` and `permissions`, sorted and without duplicates.
-    pub fn scopes(&self) -> Box<[Box<str>]> {
+    pub(crate) fn scopes(&self) -> Box<[Box<str>]> {
         let mut all = BTreeSet::new();
         if let Some(s) = &self.scope {
             all.extend(s.split_ascii_whitespace());

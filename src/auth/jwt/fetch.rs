@@ -9,11 +9,11 @@ use serde::Deserialize;
 use super::keys::KeySet;
 
 /// Whole-fetch bound: connect, answer and body.
-pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
-pub const MAX_BODY: usize = 1024 * 1024;
+pub(crate) const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const MAX_BODY: usize = 1024 * 1024;
 const MAX_REDIRECTS: usize = 3;
 
-pub fn client() -> Result<Client, String> {
+pub(crate) fn client() -> Result<Client, String> {
     Client::builder()
         // `JwtVerifier::new` runs in a start-up runtime that is then dropped: a pooled
         // connection would stay bound to it, so every fetch opens a fresh one.
@@ -38,7 +38,7 @@ pub fn client() -> Result<Client, String> {
 
 /// `{issuer}/.well-known/openid-configuration` → `jwks_uri`, refusing a document that names
 /// another issuer (OpenID Connect Discovery §4.3).
-pub async fn discover_jwks_uri(client: &Client, issuer: &str) -> Result<String, String> {
+pub(crate) async fn discover_jwks_uri(client: &Client, issuer: &str) -> Result<String, String> {
     #[derive(Deserialize)]
     struct Discovery {
         issuer: String,
@@ -70,7 +70,7 @@ pub async fn discover_jwks_uri(client: &Client, issuer: &str) -> Result<String, 
     Ok(doc.jwks_uri)
 }
 
-pub async fn jwks(client: &Client, uri: &str) -> Result<KeySet, String> {
+pub(crate) async fn jwks(client: &Client, uri: &str) -> Result<KeySet, String> {
     let body = get(client, uri).await?;
     KeySet::parse(&body).map_err(|e| format!("{uri}: {e}"))
 }

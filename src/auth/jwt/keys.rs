@@ -9,7 +9,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 /// Longest `kid` accepted, in a JWKS or a token header.
-pub const MAX_KID_LEN: usize = 256;
+pub(crate) const MAX_KID_LEN: usize = 256;
 
 /// What a key can verify, from its `kty` (and `crv`): the JWK's `alg` may narrow it further.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +32,7 @@ impl KeyKind {
     }
 }
 
-pub struct VerifyKey {
+pub(crate) struct VerifyKey {
     pub key: DecodingKey,
     /// SHA-256 of the JWK's key parameters: tells a key replaced under the same `kid`.
     material: [u8; 32],
@@ -49,14 +49,14 @@ impl VerifyKey {
 
 /// One fetched JWKS. Several keys may share a `kid` (e.g. one RSA and one EC key).
 #[derive(Default)]
-pub struct KeySet {
+pub(crate) struct KeySet {
     by_kid: HashMap<String, Vec<VerifyKey>>,
 }
 
 impl KeySet {
     /// Parses a JWKS document, skipping every key the gateway must not or cannot use. A set
     /// left with no usable key is an error: it would refuse every token.
-    pub fn parse(body: &[u8]) -> Result<KeySet, String> {
+    pub(crate) fn parse(body: &[u8]) -> Result<KeySet, String> {
         // Keys are parsed one by one so that one exotic key does not void the whole set.
         #[derive(Deserialize)]
         struct Raw {
@@ -85,21 +85,21 @@ impl KeySet {
         Ok(set)
     }
 
-    pub fn find(&self, kid: &str, alg: Algorithm) -> Option<&VerifyKey> {
+    pub(crate) fn find(&self, kid: &str, alg: Algorithm) -> Option<&VerifyKey> {
         self.by_kid.get(kid)?.iter().find(|k| k.accepts(alg))
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_kid.values().map(Vec::len).sum()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_kid.is_empty()
     }
 
     /// True if some key of this set is not in `newer`: withdrawn, or replaced by other key
     /// material under the same `kid`. Tokens it verified must then be verified again.
-    pub fn retired_in(&self, newer: &KeySet) -> bool {
+    pub(crate) fn retired_in(&self, newer: &KeySet) -> bool {
         self.by_kid
             .iter()
             .any(|(kid, keys)| match newer.by_kid.get(kid) {

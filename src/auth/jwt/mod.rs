@@ -22,7 +22,7 @@ use crate::config::JwtSettings;
 use crate::time::unix_now;
 use claims::Claims;
 use keys::KeySet;
-pub use keys::MAX_KID_LEN;
+pub(crate) use keys::MAX_KID_LEN;
 
 /// Least time between two refetches caused by unknown `kid`s, so random kids cannot hammer
 /// the issuer. A genuinely new key may thus wait this long after a burst of bogus ones.
@@ -322,7 +322,7 @@ impl JwtVerifier {
 /// What a token's header must say before any key is looked up or any signature checked: an
 /// allowed `alg`, no `crit`, an access-token `typ` and a `kid` of sane length. The `alg` and
 /// `kid` to look the key up by, or why the token is refused.
-pub fn check_header(
+pub(crate) fn check_header(
     token: &str,
     token_types: &[String],
     allowed: impl Fn(Algorithm) -> bool,

@@ -64,14 +64,14 @@ pub(super) struct Scanned<'a> {
 impl Scanned<'_> {
     /// How many completions the request generates, each up to its cap: its choices (the
     /// larger of `n` and `best_of`) times its prompts.
-    pub fn completions(&self) -> u64 {
+    pub(crate) fn completions(&self) -> u64 {
         let choices = self.choices.unwrap_or(1).max(1);
         choices.saturating_mul(self.prompts.unwrap_or(1).max(1))
     }
 
     /// The most completion tokens the request states it may use: its cap times its
     /// completions; `None` when it states no cap.
-    pub fn completion_cap(&self) -> Option<u64> {
+    pub(crate) fn completion_cap(&self) -> Option<u64> {
         let per_completion = self.max_tokens?;
         Some(per_completion.saturating_mul(self.completions()))
     }

@@ -16,10 +16,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-pub use budgets::{Budget, BudgetChange, Subject, WindowStarts, WindowUsage};
-pub use postgres::{check_url as check_postgres_url, is_url as is_postgres_url, CHANNEL};
-pub use sqlite::SqliteStore;
-pub use usage::{Grouping, UsageCounts, UsageQuery, UsageRow, UsageTotal};
+pub(crate) use budgets::{Budget, BudgetChange, Subject, WindowStarts, WindowUsage};
+pub(crate) use postgres::{check_url as check_postgres_url, is_url as is_postgres_url, CHANNEL};
+pub(crate) use sqlite::SqliteStore;
+pub(crate) use usage::UsageTotal;
+pub use usage::{Grouping, UsageCounts, UsageQuery, UsageRow};
 
 /// The store a `database` URL names: `sqlite://…` or `postgres://…`. `serving`: a gateway
 /// starts even when a Postgres server cannot be reached (a `keys` command fails instead).
@@ -86,7 +87,7 @@ pub struct StoredKey {
     pub verifier: [u8; 32],
 }
 
-pub type StoreError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type StoreError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The store the gateway and the `keys` CLI share; the same plain SQL on both databases.
 #[async_trait]

@@ -22,7 +22,7 @@ use super::{
 };
 
 /// The NOTIFY channel a revoke is announced on; the payload is the key id.
-pub const CHANNEL: &str = "portcullis_key_revoked";
+pub(crate) const CHANNEL: &str = "portcullis_key_revoked";
 
 /// Any constant shared by every Portcullis build: "PORTCULL" in ASCII.
 const MIGRATION_LOCK: i64 = 0x504f_5254_4355_4c4c;
@@ -31,12 +31,12 @@ const MIGRATION_LOCK: i64 = 0x504f_5254_4355_4c4c;
 const OWNER_LOCK: i32 = 0x5043_4b4f; // "PCKO"
 
 /// Whether a `database` URL names a Postgres server rather than a SQLite file.
-pub fn is_url(database: &str) -> bool {
+pub(crate) fn is_url(database: &str) -> bool {
     database.starts_with("postgres://") || database.starts_with("postgresql://")
 }
 
 /// Parses a `postgres://` URL. Its problems never quote it: it may hold a password.
-pub fn check_url(url: &str) -> Result<PgConnectOptions, String> {
+pub(crate) fn check_url(url: &str) -> Result<PgConnectOptions, String> {
     PgConnectOptions::from_str(url).map_err(|_| {
         "is not a valid postgres://user[:password]@host[:port]/database URL".to_string()
     })
@@ -45,7 +45,7 @@ pub fn check_url(url: &str) -> Result<PgConnectOptions, String> {
 /// How long opening waits for the server: a CLI or a starting gateway should fail, not hang.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub struct PgStore {
+pub(crate) struct PgStore {
     pool: PgPool,
     options: PgConnectOptions,
     /// False only for a gateway that started while the server was unreachable: the schema
@@ -58,7 +58,7 @@ impl PgStore {
     /// Connects once to apply the migrations, so a wrong URL, password or unreachable
     /// server fails now (what the `keys` commands want); the pool then connects lazily on
     /// the runtime that uses it.
-    pub async fn open(url: &str) -> Result<PgStore, StoreError> {
+    pub(crate) async fn open(url: &str) -> Result<PgStore, StoreError> {
         let options = check_url(url)?;
         apply_schema(&options).await?;
         Ok(PgStore::lazy(options, true))
@@ -67,7 +67,7 @@ impl PgStore {
     /// As `open`, but a server that cannot be reached is an outage, not a configuration
     /// error: the gateway starts (cached and JWT traffic need no store) and applies the
     /// schema once the server answers. A refused login or a missing database still fails.
-    pub async fn open_for_serving(url: &str) -> Result<PgStore, StoreError> {
+    pub(crate) async fn open_for_serving(url: &str) -> Result<PgStore, StoreError> {
         match PgStore::open(url).await {
             Ok(store) => Ok(store),
             Err(e) if unreachable(&*e) => {

@@ -82,14 +82,14 @@ async fn adopt_user_version(conn: &mut sqlx::SqliteConnection) -> Result<Vec<i64
     Ok(adopted)
 }
 
-pub struct SqliteStore {
+pub(crate) struct SqliteStore {
     pool: SqlitePool,
 }
 
 impl SqliteStore {
     /// Opens (creating file and schema on first use) and checks the database now, so a bad
     /// path fails at start-up. The pool itself connects lazily on the runtime that uses it.
-    pub async fn open(url: &str) -> Result<SqliteStore, StoreError> {
+    pub(crate) async fn open(url: &str) -> Result<SqliteStore, StoreError> {
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
