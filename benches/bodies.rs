@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use portcullis::{plan_body, Api, Dialect, Encoding, Endpoint, Framing, Models, UsageScanner};
+use portcullis::{
+    plan_body, Api, Encoding, Endpoint, Framing, Models, UsageContainer, UsageScanner,
+};
 use serde_json::{json, Value};
 
 /// The size every body and stream is grown to.
@@ -309,7 +311,7 @@ fn chat_stream() -> Vec<u8> {
 }
 
 /// The scanner as the proxy feeds it: the body in 16 KiB chunks.
-fn scan(dialect: Dialect, body: &[u8]) -> bool {
+fn scan(dialect: UsageContainer, body: &[u8]) -> bool {
     let mut scanner = UsageScanner::new(Framing::EventStream, Encoding::Identity, dialect);
     for chunk in body.chunks(16 * 1024) {
         scanner.feed(chunk);
@@ -319,9 +321,9 @@ fn scan(dialect: Dialect, body: &[u8]) -> bool {
 
 fn scanning(c: &mut Criterion) {
     for (name, dialect, body) in [
-        ("responses", Dialect::Responses, responses_stream()),
-        ("messages", Dialect::Anthropic, messages_stream()),
-        ("chat", Dialect::OpenAi, chat_stream()),
+        ("responses", UsageContainer::Response, responses_stream()),
+        ("messages", UsageContainer::Message, messages_stream()),
+        ("chat", UsageContainer::Root, chat_stream()),
     ] {
         assert!(scan(dialect, &body), "{name}: no usage read");
         let mut group = c.benchmark_group("bodies/usage stream");

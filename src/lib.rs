@@ -9,6 +9,7 @@
 mod access_log;
 mod admin;
 mod admission;
+mod api;
 mod auth;
 mod budgets;
 mod cli;
@@ -18,7 +19,6 @@ mod logging;
 mod metering;
 mod metrics;
 mod metrics_app;
-mod model_policy;
 mod proxy;
 mod rate_limit;
 mod replicas;
@@ -27,7 +27,6 @@ mod scope;
 mod server;
 mod shutdown;
 mod time;
-mod usage;
 
 /// Invariants the fuzz targets and the corpus replay check; not part of the shipped library.
 #[cfg(any(test, feature = "fuzzing"))]
@@ -38,6 +37,9 @@ pub use cli::{run, Cli};
 pub use logging::init as init_logging;
 
 // Benchmarks and property tests of the request path's parts.
+pub use api::{affinity_body_key, affinity_session_key};
+pub use api::{plan as plan_body, Api, Endpoint, Models};
+pub use api::{Encoding, Framing, UsageContainer, UsageScanner};
 pub use auth::api_keys::{
     create_key, open_store, ApiKeyVerifier, Grouping, KeyStore, UsageCounts, UsageQuery, UsageRow,
 };
@@ -46,9 +48,6 @@ pub use auth::token::{classify as classify_bearer, Bearer};
 pub use config::{Config, JwtSettings};
 pub use errors::GatewayError;
 pub use metrics::Metrics;
-pub use model_policy::{plan as plan_body, Api, Endpoint, Models};
 pub use proxy::peer_for;
-pub use replicas::prefix::{body_key as affinity_body_key, session_key as affinity_session_key};
 pub use replicas::Replicas;
 pub use routing::{classify as classify_path, Target};
-pub use usage::{Dialect, Encoding, Framing, UsageScanner};

@@ -9,7 +9,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::usage::Usage;
+use crate::api::Usage;
 
 use crate::auth::AuthFailure;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 
 use super::{AdminSettings, Balancing};
-use crate::model_policy::Models;
+use crate::api::Models;
 use crate::scope::Scope;
 
 #[derive(Debug, Clone)]

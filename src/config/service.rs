@@ -8,7 +8,7 @@ use http::header::{HeaderName, HeaderValue};
 use super::parse::load_pem_certs;
 use super::validate::Validator;
 use super::{file, one_line, ServiceConfig};
-use crate::model_policy::{Api, Models};
+use crate::api::{Api, Models};
 use crate::scope::Scope;
 
 /// Request headers an operator may not inject: they would break framing or routing.

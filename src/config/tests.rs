@@ -248,7 +248,7 @@ fn the_model_policy_is_opt_in_and_checked() {
     assert!(c.services[0].models.is_some());
     let c = parse(&format!("{MINIMAL}api = \"anthropic\"\n")).unwrap();
     let models = c.services[0].models.as_ref().unwrap();
-    assert_eq!(models.api(), crate::model_policy::Api::Anthropic);
+    assert_eq!(models.api(), crate::api::Api::Anthropic);
     let p = problems(&format!("{MINIMAL}api = \"gemini\"\n"));
     assert!(
         p.contains("services.infer.api")

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::model_policy::Endpoint;
+use crate::api::Endpoint;
 
 pub(super) const RESPONSES_ERRORS: [&str; 8] = [
     "input is required",

@@ -1,19 +1,19 @@
 //! The usage scanner in the agent APIs' dialects: Responses (`response.usage`, last wins) and
 //! Messages (`message.usage`, merged field by field with the later root usage).
 
-use crate::usage::{Dialect, Encoding, Framing, Usage};
+use crate::api::{Encoding, Framing, Usage, UsageContainer};
 
 use super::usage::{compressed, scanned_in_chunks};
 use super::usage_oracle::{self, Reading};
 
 /// `UsageScanner` in the Responses dialect on an arbitrary response body: see `dialect_invariants`.
 pub fn responses_usage(data: &[u8]) {
-    dialect_invariants(data, Dialect::Responses);
+    dialect_invariants(data, UsageContainer::Response);
 }
 
 /// `UsageScanner` in the Messages dialect on an arbitrary response body: see `dialect_invariants`.
 pub fn messages_usage(data: &[u8]) {
-    dialect_invariants(data, Dialect::Anthropic);
+    dialect_invariants(data, UsageContainer::Message);
 }
 
 /// What a scanner read: its usage, whether that is only an opening report, and how many
@@ -26,7 +26,7 @@ type Read = (Option<Usage>, bool, u64);
 /// opening-only flag are the ones the dialect's rules give over its documents; the events
 /// counted are the stream's object events, whatever their JSON; and the bytes fed as a gzip or
 /// deflate body (garbage, almost always) never panic.
-fn dialect_invariants(data: &[u8], dialect: Dialect) {
+fn dialect_invariants(data: &[u8], dialect: UsageContainer) {
     let cut = data.first().map_or(1, |&b| usize::from(b) % data.len());
     let drawn: Vec<usize> = data.iter().take(16).map(|&b| usize::from(b % 32)).collect();
     let compressed = compressed(data);

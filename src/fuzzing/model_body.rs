@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::agent_bodies::{
     self, ANTHROPIC_ERRORS, MESSAGES_ERRORS, RESPONSES_ERRORS, RESPONSES_STREAM,
 };
-use crate::model_policy::{self, Applied, BodyError, Endpoint, Models};
+use crate::api::{self, Applied, BodyError, Endpoint, Models};
 
 /// The policy `model_body` applies besides none at all: a default, an alias, an alias to
 /// itself (a body naming it is left alone) and one whose name and target need JSON escapes.
@@ -106,8 +106,8 @@ fn bodies(data: &[u8], endpoints: &[Endpoint]) {
     // What serde_json reads, the reference every outcome is compared with.
     let parsed = serde_json::from_slice::<Value>(data).ok();
     for &endpoint in endpoints {
-        let plain = model_policy::apply(endpoint, data, &none);
-        let with = model_policy::apply(endpoint, data, &policy);
+        let plain = api::apply(endpoint, data, &none);
+        let with = api::apply(endpoint, data, &policy);
         let (plain, with) = match (plain, with) {
             (Ok(plain), Ok(with)) => (plain, with),
             (Err(plain), Err(with)) => {
@@ -160,7 +160,7 @@ fn bodies(data: &[u8], endpoints: &[Endpoint]) {
 /// neither) times the prompts of a completions `prompt` array, none without a cap, 0 on embeddings and token counting; Responses'
 /// `max_output_tokens`, Messages' `max_tokens`.
 fn assert_completion_cap(endpoint: Endpoint, data: &[u8], value: &Value, policy: &Models) {
-    let plan = model_policy::plan(endpoint, data, policy).expect("accepted above");
+    let plan = api::plan(endpoint, data, policy).expect("accepted above");
     let count = |name: &str| value.get(name).and_then(Value::as_u64);
     let larger = |a: Option<u64>, b: Option<u64>| a.max(b);
     let wanted = match endpoint {
@@ -195,7 +195,7 @@ fn assert_usage_asked(
     policy: &Models,
     model: &str,
 ) {
-    let plan = model_policy::plan(endpoint, data, policy).expect("accepted above");
+    let plan = api::plan(endpoint, data, policy).expect("accepted above");
     let streamed = value.get("stream") == Some(&Value::Bool(true));
     let asks = value
         .get("stream_options")

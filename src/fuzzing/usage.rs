@@ -5,8 +5,8 @@ use std::io::Write;
 use bytes::Bytes;
 use flate2::write::{DeflateEncoder, GzEncoder, ZlibEncoder};
 
-use crate::usage::strip::UsageStripper;
-use crate::usage::{Dialect, Encoding, Framing, Usage, UsageScanner};
+use crate::api::UsageStripper;
+use crate::api::{Encoding, Framing, Usage, UsageContainer, UsageScanner};
 
 use super::usage_oracle;
 
@@ -39,7 +39,7 @@ pub fn usage_scanner(data: &[u8]) {
                 "{framing:?}: bytewise"
             );
         }
-        if let Some(reference) = usage_oracle::reading(framing, Dialect::OpenAi, data) {
+        if let Some(reference) = usage_oracle::reading(framing, UsageContainer::Root, data) {
             let reference = reference.usage;
             assert_eq!(
                 whole, reference,
@@ -108,7 +108,7 @@ pub(crate) fn usage_in_chunks(
     body: &[u8],
     sizes: &[usize],
 ) -> Option<Usage> {
-    scanned_in_chunks(framing, encoding, Dialect::OpenAi, body, sizes).usage()
+    scanned_in_chunks(framing, encoding, UsageContainer::Root, body, sizes).usage()
 }
 
 /// A scanner of the dialect that was fed `body` in chunks of the given sizes (cycled; 0
@@ -116,7 +116,7 @@ pub(crate) fn usage_in_chunks(
 pub(super) fn scanned_in_chunks(
     framing: Framing,
     encoding: Encoding,
-    dialect: Dialect,
+    dialect: UsageContainer,
     body: &[u8],
     sizes: &[usize],
 ) -> UsageScanner {

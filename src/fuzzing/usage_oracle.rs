@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::usage::{Dialect, Framing, Usage};
+use crate::api::{Framing, Usage, UsageContainer};
 
 use super::model_body::top_level_members;
 
@@ -21,7 +21,7 @@ pub(super) struct Reading {
 /// The reading of `body` as serde_json sees it; None when that cannot be told: a document
 /// (or an event's data) starts as an object but serde_json refuses it (not JSON, nested
 /// deeper than serde_json's limit, or a lone surrogate escape: the scanner checks neither).
-pub(super) fn reading(framing: Framing, dialect: Dialect, body: &[u8]) -> Option<Reading> {
+pub(super) fn reading(framing: Framing, dialect: UsageContainer, body: &[u8]) -> Option<Reading> {
     let mut oracle = Oracle {
         dialect,
         reading: Reading::default(),
@@ -44,7 +44,7 @@ pub(super) fn object_events(stream: &[u8]) -> u64 {
 }
 
 struct Oracle {
-    dialect: Dialect,
+    dialect: UsageContainer,
     reading: Reading,
 }
 
@@ -57,9 +57,9 @@ impl Oracle {
             return Some(());
         }
         let container = match self.dialect {
-            Dialect::OpenAi => None,
-            Dialect::Responses => Some("response"),
-            Dialect::Anthropic => Some("message"),
+            UsageContainer::Root => None,
+            UsageContainer::Response => Some("response"),
+            UsageContainer::Message => Some("message"),
         };
         for (key, raw) in top_level_members(document)? {
             let raw = raw.get();
@@ -83,7 +83,7 @@ impl Oracle {
             return Some(());
         }
         let usage = usage_object(&serde_json::from_str(raw).ok()?);
-        let merge = self.dialect == Dialect::Anthropic;
+        let merge = self.dialect == UsageContainer::Message;
         let reading = &mut self.reading;
         reading.opening_only =
             merge && from_container && (reading.usage.is_none() || reading.opening_only);

@@ -8,9 +8,9 @@ use pingora::http::ResponseHeader;
 use pingora::Result;
 
 use super::{Gateway, RequestCtx};
+use crate::api::CapRule;
 use crate::budgets::window::openai_duration;
 use crate::budgets::{Line, Quota, Refusal};
-use crate::model_policy::CapRule;
 
 const TOKENS: [&str; 3] = [
     "x-ratelimit-limit-tokens",

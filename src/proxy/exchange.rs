@@ -37,12 +37,10 @@ use super::budget::{Budget, Reservation};
 use super::held::Held;
 use super::metered::Metered;
 use crate::access_log;
+use crate::api::{self, BodyError, CapRule, Edit, Endpoint, Models};
 use crate::auth::Principal;
 use crate::config::BufferLimits;
 use crate::errors::GatewayError;
-use crate::model_policy::{self, BodyError, CapRule, Edit, Endpoint, Models};
-use crate::replicas::prefix;
-use crate::usage::Dialect;
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT` in pingora-core): a body read ahead is only
 /// replayed to the upstream if it fits.
@@ -202,7 +200,7 @@ impl Exchange {
         let next = exchange.apply(&body, models, cap);
         if keyed && matches!(next, Next::Proxy) {
             // The client's bytes, before the policy's edit: what every turn sends alike.
-            exchange.affinity_key = prefix::body_key(&body);
+            exchange.affinity_key = api::affinity_body_key(&body);
         }
         let kept = match &exchange.body {
             Body::Replaced(changed) => len + changed.len() as u64,
@@ -215,7 +213,7 @@ impl Exchange {
     }
 
     /// A held body's affinity key, before the replica is chosen: its first bytes (as many as
-    /// `prefix::body_key` may look at) are read now, into Pingora's retry buffer, which
+    /// `api::affinity_body_key` may look at) are read now, into Pingora's retry buffer, which
     /// replays them through `request_body_filter` into the held body like any chunk. Reads
     /// start at 4 KiB and double only when filled, so stopping at 32 KiB stays within the
     /// buffer's 64 KiB. `reserved` stays unset when the budget cannot cover that buffer.
@@ -234,7 +232,7 @@ impl Exchange {
             session.write_continue_response().await?;
         }
         session.enable_retry_buffering();
-        let want = 2 * prefix::WINDOW;
+        let want = 2 * api::CONVERSATION_WINDOW;
         deadline.limit_next_read(session)?;
         let mut start = session.read_request_body().await?.unwrap_or_default();
         if start.len() < want {
@@ -252,7 +250,7 @@ impl Exchange {
             // Pingora would send no body at all: refuse rather than forward an empty one.
             return Error::e_explain(ErrorType::HTTPStatus(503), "retry buffer overflowed");
         }
-        self.affinity_key = prefix::body_key(&start);
+        self.affinity_key = api::affinity_body_key(&start);
         Ok(())
     }
 
@@ -276,7 +274,7 @@ impl Exchange {
         cap: Option<&'m CapRule>,
     ) -> Option<Option<Edit<'m>>> {
         let cap = cap.filter(|_| self.capped);
-        match model_policy::plan_capped(self.endpoint, body, models, cap) {
+        match api::plan_capped(self.endpoint, body, models, cap) {
             // Generated server-side and fetched by calls the gateway does not meter.
             Ok(plan) if plan.background && self.capped => {
                 self.refused_as = GatewayError::EndpointNotMetered;
@@ -290,13 +288,8 @@ impl Exchange {
             Ok(plan) => {
                 // The access log is the name's only reader: only what it shows is copied.
                 self.model = plan.model.map(|m| access_log::model_name(&m).to_owned());
-                let dialect = match self.endpoint {
-                    Endpoint::Responses => Some(Dialect::Responses),
-                    Endpoint::Messages => Some(Dialect::Anthropic),
-                    Endpoint::CountTokens => None,
-                    _ => Some(Dialect::OpenAi),
-                };
-                (self.metered).request_read(body.len(), plan.usage.is_some(), dialect);
+                let usage_at = self.endpoint.spec().usage;
+                (self.metered).request_read(body.len(), plan.usage.is_some(), usage_at);
                 self.ask = Some((body.len() as u64, plan.completion_cap));
                 Some(Edit::merge(plan.edit, plan.usage))
             }
@@ -415,9 +408,9 @@ async fn read_ahead(session: &mut Session, len: u64, deadline: Deadline) -> Resu
 /// The most bytes the gateway may add to a body of `endpoint`: the model policy's edit, and
 /// `stream_options` on the endpoints that stream.
 fn max_growth(endpoint: Endpoint, models: &Models, cap: Option<&CapRule>) -> usize {
-    let usage = match endpoint {
-        Endpoint::Chat | Endpoint::Completions => model_policy::USAGE_MAX_GROWTH,
-        _ => 0,
+    let usage = match endpoint.spec().usage_on_request {
+        true => api::USAGE_MAX_GROWTH,
+        false => 0,
     };
     models.max_growth() + usage + cap.map_or(0, CapRule::max_growth)
 }

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::budget::{Budget, Reservation};
+use crate::api::Edit;
 use crate::auth::Principal;
 use crate::errors::GatewayError;
-use crate::model_policy::Edit;
 
 /// The first allocation for a body of unknown length: about what one read brings.
 const FIRST: usize = 64 * 1024;
@@ -108,7 +108,7 @@ impl AsRef<[u8]> for Held {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model_policy::{self, Endpoint, Models};
+    use crate::api::{self, Endpoint, Models};
 
     #[test]
     fn a_held_body_reserves_its_capacity_and_gives_it_back_with_its_bytes() {
@@ -179,7 +179,7 @@ mod tests {
         let mut held = Held::new(&budget, None, Some(body.len()), 1 << 20, room).unwrap();
         held.push(body).unwrap();
         let reserved = budget.used();
-        let plan = model_policy::plan(Endpoint::Chat, body, &models).unwrap();
+        let plan = api::plan(Endpoint::Chat, body, &models).unwrap();
         held.edit(&plan.edit.unwrap()).unwrap();
         assert_eq!(budget.used(), reserved, "the edit needed no more room");
         assert_eq!(

@@ -9,8 +9,7 @@ use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::Result;
 
-use crate::usage::strip::UsageStripper;
-use crate::usage::{Dialect, Encoding, Framing, Usage, UsageScanner};
+use crate::api::{Encoding, Framing, Usage, UsageContainer, UsageScanner, UsageStripper};
 
 /// What an exchange was charged, once it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +26,7 @@ pub(crate) struct Metered {
     /// The gateway turned `include_usage` on: what it adds is removed from the stream.
     adds_usage: bool,
     /// Where the endpoint's API puts its usage.
-    dialect: Dialect,
+    usage_at: UsageContainer,
     /// The endpoint generates nothing and reports no usage (Messages' `count_tokens`): its
     /// answer is charged no tokens.
     free: bool,
@@ -50,17 +49,17 @@ pub(crate) const IMPLAUSIBLE: u64 = 1 << 32;
 impl Metered {
     /// The request body as it was checked: its size, and whether the gateway asked for the
     /// usage the client did not.
-    /// `dialect` is `None` for an endpoint that reports no usage because it generates nothing.
+    /// `usage_at` is `None` for an endpoint that reports no usage because it generates nothing.
     pub(crate) fn request_read(
         &mut self,
         body_len: usize,
         adds_usage: bool,
-        dialect: Option<Dialect>,
+        usage_at: Option<UsageContainer>,
     ) {
         self.request_bytes = body_len;
         self.adds_usage = adds_usage;
-        self.dialect = dialect.unwrap_or_default();
-        self.free = dialect.is_none();
+        self.usage_at = usage_at.unwrap_or_default();
+        self.free = usage_at.is_none();
     }
 
     /// The upstream's `Accept-Encoding`: only codings the scanner decodes, of those the client
@@ -100,9 +99,9 @@ impl Metered {
         };
         let coding = response.headers.get(http::header::CONTENT_ENCODING);
         let encoding = Encoding::from_header(coding.map(|v| v.as_bytes()));
-        let dialect = self.dialect;
+        let usage_at = self.usage_at;
         self.scanner =
-            (encoding.filter(|_| !self.free)).map(|e| UsageScanner::new(framing, e, dialect));
+            (encoding.filter(|_| !self.free)).map(|e| UsageScanner::new(framing, e, usage_at));
         self.unreadable = encoding.is_none();
         self.event_stream = event_stream;
         self.strip = (self.adds_usage && event_stream && encoding == Some(Encoding::Identity))

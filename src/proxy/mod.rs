@@ -30,13 +30,13 @@ pub(crate) use route::RouteId;
 pub use upstream::peer_for;
 
 use crate::access_log::{self, AccessLog};
+use crate::api::Endpoint;
 use crate::auth::Authenticator;
 use crate::budgets::Budgets;
 use crate::config::Config;
 use crate::errors::{GatewayError, Malformed};
 use crate::metering::Meter;
 use crate::metrics::{Metrics, ServiceMetrics};
-use crate::model_policy::Endpoint;
 use crate::rate_limit::Backend;
 use crate::replicas::Replicas;
 use crate::routing::{self, Target};

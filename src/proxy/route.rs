@@ -7,11 +7,11 @@ use pingora::http::RequestHeader;
 use pingora::upstreams::peer::HttpPeer;
 
 use super::{exchange, headers, Gateway, RequestCtx};
+use crate::api::Models;
 use crate::config::{Config, ServiceConfig};
 use crate::metrics::{Metrics, ServiceMetrics};
-use crate::model_policy::Models;
 use crate::rate_limit::{Backend, Limit};
-use crate::replicas::{prefix, Chosen, Replicas};
+use crate::replicas::{Chosen, Replicas};
 
 pub(crate) struct Route {
     pub settings: ServiceConfig,
@@ -117,7 +117,7 @@ pub(super) fn choose(
 /// A request's affinity key: its `X-Session-Id`, else the start of a body already read.
 fn affinity_key(req: &RequestHeader, exchange: Option<&exchange::Exchange>) -> Option<u64> {
     match req.headers.get(&headers::X_SESSION_ID) {
-        Some(id) if !id.is_empty() => Some(prefix::session_key(id.as_bytes())),
+        Some(id) if !id.is_empty() => Some(crate::api::affinity_session_key(id.as_bytes())),
         _ => exchange.and_then(|x| x.affinity_key),
     }
 }

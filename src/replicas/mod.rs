@@ -9,7 +9,6 @@
 mod affinity;
 mod dns;
 mod health;
-pub(crate) mod prefix;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

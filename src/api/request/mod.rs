@@ -11,31 +11,15 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::{BodyError, Endpoint};
+use super::Endpoint;
 
-mod anthropic;
-mod fields;
-mod responses;
+pub(crate) mod shapes;
 
-use fields::{chat_messages, Count, Input, Stream, StreamOptions};
-
-/// The endpoints with a streamed variant, where `stream` is read.
-fn streams(endpoint: Endpoint) -> bool {
-    matches!(
-        endpoint,
-        Endpoint::Chat | Endpoint::Completions | Endpoint::Responses | Endpoint::Messages
-    )
-}
-
-/// The endpoints whose streams report usage only when asked (`stream_options`), and whose
-/// requests state their caps as `max_tokens`, `max_completion_tokens`, `n` and `best_of`.
-fn openai_classic(endpoint: Endpoint) -> bool {
-    matches!(endpoint, Endpoint::Chat | Endpoint::Completions)
-}
+use shapes::Stream;
 
 /// The top-level `model` of a body.
 #[derive(Debug)]
-pub(super) struct Model<'a> {
+pub(crate) struct Model<'a> {
     /// The JSON token (a string, quotes included, or `null`), borrowed from the body.
     pub token: &'a str,
     /// The string after unescaping; None for `null`, which stands for no model.
@@ -44,7 +28,7 @@ pub(super) struct Model<'a> {
 
 /// What a valid body holds that the gateway acts on.
 #[derive(Debug, Default)]
-pub(super) struct Scanned<'a> {
+pub(crate) struct Scanned<'a> {
     pub model: Option<Model<'a>>,
     /// `"stream": true`.
     pub stream: bool,
@@ -78,7 +62,7 @@ impl Scanned<'_> {
 }
 
 /// Checks `body` and returns what it holds.
-pub(super) fn scan(endpoint: Endpoint, body: &[u8]) -> Result<Scanned<'_>, BodyError> {
+pub(crate) fn scan(endpoint: Endpoint, body: &[u8]) -> Result<Scanned<'_>, BodyError> {
     // serde_json skips the strings it ignores without checking their UTF-8, so check it all
     // first (fast, and `from_str` then skips the per-string check).
     let text = std::str::from_utf8(body).map_err(|e| {
@@ -119,21 +103,43 @@ fn position(body: &[u8], index: usize) -> (usize, usize) {
     (line, index - line_start + 1)
 }
 
+/// Why a body is refused: the message names the field and never quotes the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyError(String);
+
+impl BodyError {
+    pub fn new(message: String) -> BodyError {
+        BodyError(message)
+    }
+
+    pub fn message(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BodyError {}
+
 /// Where a shape problem waits for `scan`: a message carried in serde_json's error would get
 /// " at line L column C" appended.
 #[derive(Default)]
-struct Problem(Cell<Option<BodyError>>);
+pub(crate) struct Problem(Cell<Option<BodyError>>);
 
 impl Problem {
     /// Leaves `message` for `scan` and returns the error that stops the parse.
-    fn raise<E: de::Error>(&self, message: impl Into<String>) -> E {
+    pub(crate) fn raise<E: de::Error>(&self, message: impl Into<String>) -> E {
         self.0.set(Some(BodyError(message.into())));
         E::custom("shape problem")
     }
 }
 
 /// A checked value. The kinds of value a shape does not override are refused with `wrong_type`.
-trait Shape<'de>: Sized {
+pub(crate) trait Shape<'de>: Sized {
     type Value;
 
     fn problem(&self) -> &Problem;
@@ -178,7 +184,7 @@ trait Shape<'de>: Sized {
 }
 
 /// Runs a shape as the serde visitor (and seed) of one value.
-struct Check<S>(S);
+pub(crate) struct Check<S>(pub(crate) S);
 
 impl<'de, S: Shape<'de>> DeserializeSeed<'de> for Check<S> {
     type Value = S::Value;
@@ -224,7 +230,7 @@ impl<'de, S: Shape<'de>> Visitor<'de> for Check<S> {
 /// Skips a value nobody inspects. Not `IgnoredAny`: serde_json skips that one without any
 /// depth limit, so a body nested too deep would pass; through `deserialize_any` its nesting
 /// limit (128) holds everywhere. Strings are still borrowed, never copied into a String.
-struct Skip;
+pub(crate) struct Skip;
 
 impl<'de> DeserializeSeed<'de> for Skip {
     type Value = ();
@@ -269,7 +275,7 @@ impl<'de> Visitor<'de> for Skip {
 }
 
 /// A string after unescaping, borrowed from the body when it has no escapes.
-struct Text<'de>(Cow<'de, str>);
+pub(crate) struct Text<'de>(pub(crate) Cow<'de, str>);
 
 impl<'de> de::Deserialize<'de> for Text<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -291,7 +297,7 @@ impl<'de> de::Deserialize<'de> for Text<'de> {
 }
 
 /// Marks `key` as seen, refusing a second copy: an upstream might read the other one.
-fn first_time<E: de::Error>(
+pub(crate) fn first_time<E: de::Error>(
     seen: &mut bool,
     problem: &Problem,
     key: impl FnOnce() -> String,
@@ -301,10 +307,6 @@ fn first_time<E: de::Error>(
     }
     Ok(())
 }
-
-/// The counts read on chat and completions: two caps on tokens per choice, then two counts
-/// of choices.
-const COUNTS: [&str; 4] = ["max_tokens", "max_completion_tokens", "n", "best_of"];
 
 /// The whole body.
 struct Top<'p> {
@@ -325,11 +327,12 @@ impl<'de> Shape<'de> for Top<'_> {
     fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let p = self.problem;
         let endpoint = self.endpoint;
+        let spec = endpoint.spec();
         let mut found = Scanned::default();
         let mut seen = Seen::default();
         while let Some(Text(key)) = map.next_key()? {
-            match (key.as_ref(), endpoint) {
-                ("model", _) => {
+            match key.as_ref() {
+                "model" => {
                     first_time(&mut seen.model, p, || "model".into())?;
                     let token: &'de RawValue = map.next_value()?;
                     found.model = Some(
@@ -337,75 +340,24 @@ impl<'de> Shape<'de> for Top<'_> {
                             .ok_or_else(|| p.raise::<A::Error>("model must be a string"))?,
                     );
                 }
-                ("messages", Endpoint::Chat) => {
-                    first_time(&mut seen.required, p, || "messages".into())?;
-                    map.next_value_seed(Check(chat_messages(p)))?;
-                }
-                ("stream", e) if streams(e) => {
+                // The endpoints that generate have a streamed variant.
+                "stream" if spec.generates => {
                     first_time(&mut seen.stream, p, || "stream".into())?;
                     found.stream = map.next_value_seed(Check(Stream(p)))?;
                 }
-                ("stream_options", e) if openai_classic(e) => {
-                    first_time(&mut seen.options, p, || "stream_options".into())?;
-                    map.next_value_seed(Check(StreamOptions(p)))?;
-                    found.stream_options = true;
-                }
-                ("input", Endpoint::Embeddings) | ("prompt", Endpoint::Completions) => {
-                    let field = if endpoint == Endpoint::Embeddings {
-                        "input"
-                    } else {
-                        "prompt"
-                    };
-                    first_time(&mut seen.required, p, || field.into())?;
-                    let prompts = map.next_value_seed(Check(Input { problem: p, field }))?;
-                    if endpoint == Endpoint::Completions {
-                        found.prompts = Some(prompts);
-                    }
-                }
-                // Caps on what the request may generate, read for budget reservations.
-                (name, e) if openai_classic(e) && COUNTS.contains(&name) => {
-                    let slot = COUNTS.iter().position(|n| *n == name).unwrap_or(0);
-                    let field = COUNTS[slot];
-                    first_time(&mut seen.counts[slot], p, || field.into())?;
-                    let value = map.next_value_seed(Check(Count { problem: p, field }))?;
-                    let into = match slot {
-                        0 | 1 => &mut found.max_tokens,
-                        _ => &mut found.choices,
-                    };
-                    if let Some(v) = value {
-                        *into = Some(into.map_or(v, |old: u64| old.max(v)));
-                    }
-                }
-                // vLLM takes prompt embeddings instead of a prompt.
-                ("prompt_embeds", Endpoint::Completions) => {
-                    seen.alternative = true;
-                    map.next_value_seed(Skip)?;
-                }
-                (_, Endpoint::Responses) => {
-                    responses::member(&key, &mut map, p, &mut seen, &mut found)?;
-                }
-                (_, Endpoint::Messages | Endpoint::CountTokens) => {
-                    anthropic::member(&key, endpoint, &mut map, p, &mut seen, &mut found)?;
-                }
-                _ => {
-                    map.next_value_seed(Skip)?;
-                }
+                _ => super::read_member(endpoint, &key, &mut map, p, &mut seen, &mut found)?,
             }
         }
-        let missing = match endpoint {
-            Endpoint::Chat => "messages",
-            Endpoint::Embeddings => "input",
-            Endpoint::Completions if !seen.alternative => "prompt",
-            // A stored prompt template (`prompt`) may supply the input.
-            Endpoint::Responses if !seen.alternative => "input",
-            Endpoint::Messages | Endpoint::CountTokens => "messages",
-            _ => return Ok(found),
-        };
-        if !seen.required {
-            return Err(p.raise(format!("{missing} is required")));
+        // A stored prompt template (Responses' `prompt`) or vLLM's `prompt_embeds` may stand
+        // in for the required member.
+        if !seen.required && !seen.alternative {
+            return Err(p.raise(format!("{} is required", spec.required)));
         }
-        if endpoint == Endpoint::Messages && found.max_tokens.is_none() {
-            return Err(p.raise("max_tokens is required"));
+        if spec.cap_required && found.max_tokens.is_none() {
+            return Err(p.raise(format!(
+                "{} is required",
+                spec.cap_field.unwrap_or_default()
+            )));
         }
         Ok(found)
     }
@@ -413,27 +365,27 @@ impl<'de> Shape<'de> for Top<'_> {
 
 /// The members met so far in a body: a second copy of one is refused.
 #[derive(Default)]
-struct Seen {
-    model: bool,
-    stream: bool,
-    options: bool,
+pub(crate) struct Seen {
+    pub(crate) model: bool,
+    pub(crate) stream: bool,
+    pub(crate) options: bool,
     /// The endpoint's required member (`messages`, `input` or `prompt`).
-    required: bool,
+    pub(crate) required: bool,
     /// What stands in for it: vLLM's `prompt_embeds`, a Responses `prompt` template.
-    alternative: bool,
+    pub(crate) alternative: bool,
     /// `max_tokens`, `max_completion_tokens`, `n`, `best_of` (Responses' `max_output_tokens`
     /// and Messages' `max_tokens` in the first slot), and Messages' `system`.
-    counts: [bool; 4],
-    system: bool,
+    pub(crate) counts: [bool; 4],
+    pub(crate) system: bool,
     /// Responses' `input` and `prompt` members, even when `null`.
-    input: bool,
-    prompt: bool,
-    background: bool,
+    pub(crate) input: bool,
+    pub(crate) prompt: bool,
+    pub(crate) background: bool,
 }
 
 /// The token of the top-level member `name` of a body `scan` found valid (its key compared
 /// unescaped, as `scan` does); a second pass, for the rare member whose place is needed.
-pub(super) fn member<'a>(body: &'a [u8], name: &str) -> Option<&'a str> {
+pub(crate) fn member<'a>(body: &'a [u8], name: &str) -> Option<&'a str> {
     struct Find<'n>(&'n str);
     impl<'de> Visitor<'de> for Find<'_> {
         type Value = Option<&'de str>;

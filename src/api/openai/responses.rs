@@ -4,11 +4,11 @@
 
 use serde::de::{self, MapAccess, SeqAccess};
 
-use super::fields::Count;
-use super::{first_time, Check, Problem, Scanned, Seen, Shape, Skip};
+use crate::api::request::shapes::Count;
+use crate::api::request::{first_time, Check, Problem, Scanned, Seen, Shape, Skip};
 
 /// One top-level member of a Responses body (`model` and `stream` are read by the caller).
-pub(super) fn member<'de, A: MapAccess<'de>>(
+pub(crate) fn member<'de, A: MapAccess<'de>>(
     key: &str,
     map: &mut A,
     p: &Problem,

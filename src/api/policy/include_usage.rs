@@ -56,7 +56,7 @@ pub(super) fn plan(
     // The body was checked (`body::fields::StreamOptions`): only its shape is read here.
     let mut de = serde_json::Deserializer::from_str(options);
     let found = (de.deserialize_map(OptionsVisitor))
-        .map_err(|_| BodyError("stream_options must be an object".to_string()))?;
+        .map_err(|_| BodyError::new("stream_options must be an object".to_string()))?;
     Ok(match found {
         Options::Empty => UsageRequest::Missing {
             range: whole,

@@ -5,13 +5,13 @@
 
 use serde::de::{self, MapAccess, SeqAccess};
 
-use super::fields::{Messages, Part};
-use super::{first_time, Check, Problem, Scanned, Seen, Shape, Skip};
-use crate::model_policy::Endpoint;
+use crate::api::request::shapes::{Messages, Part};
+use crate::api::request::{first_time, Check, Problem, Scanned, Seen, Shape, Skip, Text};
+use crate::api::Endpoint;
 
 /// One top-level member of a Messages or count_tokens body (`model` and `stream` are read by
 /// the caller).
-pub(super) fn member<'de, A: MapAccess<'de>>(
+pub(crate) fn member<'de, A: MapAccess<'de>>(
     key: &str,
     endpoint: Endpoint,
     map: &mut A,
@@ -103,7 +103,7 @@ impl<'de> Shape<'de> for Message<'_> {
     fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let (p, i) = (self.problem, self.i);
         let (mut role, mut content) = (false, false);
-        while let Some(super::Text(key)) = map.next_key()? {
+        while let Some(Text(key)) = map.next_key()? {
             match key.as_ref() {
                 "role" => {
                     first_time(&mut role, p, || format!("messages[{i}].role"))?;

@@ -1,12 +1,13 @@
-//! The shapes of the members the gateway reads: `stream`, `messages` and each message, its
-//! role and content parts, the embeddings `input` and the completions `prompt`.
+//! The shapes more than one dialect's members share: `stream`, counts, `stream_options`, a
+//! `messages` array and its content parts, and the `input`/`prompt` of embeddings and
+//! completions.
 
 use serde::de::{self, MapAccess, SeqAccess};
 
 use super::{first_time, Check, Problem, Shape, Skip, Text};
 
 /// `stream`: optional, so `null` stands for absent, as the OpenAI API reads it.
-pub(super) struct Stream<'p>(pub(super) &'p Problem);
+pub(crate) struct Stream<'p>(pub(crate) &'p Problem);
 
 /// Its value: whether the response is streamed.
 impl<'de> Shape<'de> for Stream<'_> {
@@ -28,9 +29,9 @@ impl<'de> Shape<'de> for Stream<'_> {
 
 /// A count the gateway reads (`max_tokens`, `n`…): a non-negative integer, or `null` for
 /// absent.
-pub(super) struct Count<'p> {
-    pub(super) problem: &'p Problem,
-    pub(super) field: &'static str,
+pub(crate) struct Count<'p> {
+    pub(crate) problem: &'p Problem,
+    pub(crate) field: &'static str,
 }
 
 impl<'de> Shape<'de> for Count<'_> {
@@ -52,7 +53,7 @@ impl<'de> Shape<'de> for Count<'_> {
 
 /// `stream_options`: an object (or `null`) whose `include_usage`, when present, is a boolean
 /// (or `null`).
-pub(super) struct StreamOptions<'p>(pub(super) &'p Problem);
+pub(crate) struct StreamOptions<'p>(pub(crate) &'p Problem);
 
 impl<'de> Shape<'de> for StreamOptions<'_> {
     type Value = ();
@@ -101,15 +102,10 @@ impl<'de> Shape<'de> for IncludeUsage<'_> {
 
 /// `messages`: a non-empty array, each element checked by the shape `.1` makes for its
 /// index (chat's message, or Anthropic's).
-pub(super) struct Messages<'p, M>(
-    pub(super) &'p Problem,
-    pub(super) fn(&'p Problem, usize) -> M,
+pub(crate) struct Messages<'p, M>(
+    pub(crate) &'p Problem,
+    pub(crate) fn(&'p Problem, usize) -> M,
 );
-
-/// Chat's `messages`.
-pub(super) fn chat_messages(problem: &Problem) -> Messages<'_, Message<'_>> {
-    Messages(problem, |problem, i| Message { problem, i })
-}
 
 impl<'de, 'p, M: Shape<'de, Value = ()>> Shape<'de> for Messages<'p, M> {
     type Value = ();
@@ -132,113 +128,12 @@ impl<'de, 'p, M: Shape<'de, Value = ()>> Shape<'de> for Messages<'p, M> {
     }
 }
 
-/// `messages[i]`.
-pub(super) struct Message<'p> {
-    problem: &'p Problem,
-    i: usize,
-}
-
-impl<'de> Shape<'de> for Message<'_> {
-    type Value = ();
-
-    fn problem(&self) -> &Problem {
-        self.problem
-    }
-    fn wrong_type(&self) -> String {
-        format!("messages[{}] must be an object", self.i)
-    }
-    fn object<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let (p, i) = (self.problem, self.i);
-        let (mut role, mut content) = (false, false);
-        while let Some(Text(key)) = map.next_key()? {
-            match key.as_ref() {
-                "role" => {
-                    first_time(&mut role, p, || format!("messages[{i}].role"))?;
-                    map.next_value_seed(Check(Role { problem: p, i }))?;
-                }
-                // Absent is fine: an assistant message with tool_calls has no content.
-                "content" => {
-                    first_time(&mut content, p, || format!("messages[{i}].content"))?;
-                    map.next_value_seed(Check(Content { problem: p, i }))?;
-                }
-                _ => {
-                    map.next_value_seed(Skip)?;
-                }
-            }
-        }
-        if !role {
-            return Err(p.raise(Role { problem: p, i }.wrong_type()));
-        }
-        Ok(())
-    }
-}
-
-/// `messages[i].role`.
-struct Role<'p> {
-    problem: &'p Problem,
-    i: usize,
-}
-
-impl<'de> Shape<'de> for Role<'_> {
-    type Value = ();
-
-    fn problem(&self) -> &Problem {
-        self.problem
-    }
-    fn wrong_type(&self) -> String {
-        format!("messages[{}].role must be a string", self.i)
-    }
-    fn string<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
-    }
-}
-
-/// `messages[i].content`.
-struct Content<'p> {
-    problem: &'p Problem,
-    i: usize,
-}
-
-impl<'de> Shape<'de> for Content<'_> {
-    type Value = ();
-
-    fn problem(&self) -> &Problem {
-        self.problem
-    }
-    fn wrong_type(&self) -> String {
-        format!(
-            "messages[{}].content must be a string, an array of content parts or null",
-            self.i
-        )
-    }
-    fn string<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
-    }
-    fn null<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
-    }
-    fn array<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let mut j = 0;
-        let part = |j| {
-            Check(Part {
-                problem: self.problem,
-                i: self.i,
-                j,
-            })
-        };
-        while seq.next_element_seed(part(j))?.is_some() {
-            j += 1;
-        }
-        Ok(())
-    }
-}
-
 /// `messages[i].content[j]` (a chat content part, or an Anthropic content block): only its
 /// being an object is checked; an image's base64 data inside is skipped, never copied.
-pub(super) struct Part<'p> {
-    pub(super) problem: &'p Problem,
-    pub(super) i: usize,
-    pub(super) j: usize,
+pub(crate) struct Part<'p> {
+    pub(crate) problem: &'p Problem,
+    pub(crate) i: usize,
+    pub(crate) j: usize,
 }
 
 impl<'de> Shape<'de> for Part<'_> {
@@ -257,9 +152,9 @@ impl<'de> Shape<'de> for Part<'_> {
 }
 
 /// The embeddings `input` or the completions `prompt` (`Input::field`): the same shapes.
-pub(super) struct Input<'p> {
-    pub(super) problem: &'p Problem,
-    pub(super) field: &'static str,
+pub(crate) struct Input<'p> {
+    pub(crate) problem: &'p Problem,
+    pub(crate) field: &'static str,
 }
 
 /// What is wrong with an `input` or `prompt` of another shape.

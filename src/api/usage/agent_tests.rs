@@ -2,17 +2,17 @@
 
 use super::*;
 
-fn scan(dialect: Dialect, framing: Framing, body: &str) -> (Option<Usage>, bool) {
-    let mut scanner = UsageScanner::new(framing, Encoding::Identity, dialect);
+fn scan(container: UsageContainer, framing: Framing, body: &str) -> (Option<Usage>, bool) {
+    let mut scanner = UsageScanner::new(framing, Encoding::Identity, container);
     scanner.feed(body.as_bytes());
     (scanner.usage(), scanner.opening_only())
 }
 
 /// The same body split at every byte reads the same.
-fn scan_split_everywhere(dialect: Dialect, framing: Framing, body: &str) -> Option<Usage> {
-    let (whole, _) = scan(dialect, framing, body);
+fn scan_split_everywhere(container: UsageContainer, framing: Framing, body: &str) -> Option<Usage> {
+    let (whole, _) = scan(container, framing, body);
     for at in 0..=body.len() {
-        let mut scanner = UsageScanner::new(framing, Encoding::Identity, dialect);
+        let mut scanner = UsageScanner::new(framing, Encoding::Identity, container);
         scanner.feed(&body.as_bytes()[..at]);
         scanner.feed(&body.as_bytes()[at..]);
         assert_eq!(scanner.usage(), whole, "split at {at}");
@@ -43,17 +43,21 @@ const RESPONSES_STREAM: &str = concat!(
 
 #[test]
 fn a_responses_stream_is_read_from_response_completed() {
-    let usage = scan_split_everywhere(Dialect::Responses, Framing::EventStream, RESPONSES_STREAM);
+    let usage = scan_split_everywhere(
+        UsageContainer::Response,
+        Framing::EventStream,
+        RESPONSES_STREAM,
+    );
     assert_eq!(usage, Some(counts(36, 87, Some(5), Some(8))));
     // Chat's reading does not look inside `response`.
-    let (chat, _) = scan(Dialect::OpenAi, Framing::EventStream, RESPONSES_STREAM);
+    let (chat, _) = scan(UsageContainer::Root, Framing::EventStream, RESPONSES_STREAM);
     assert_eq!(chat, None);
 }
 
 #[test]
 fn a_responses_json_body_is_read_from_its_root() {
     let body = r#"{"id":"resp_1","object":"response","output":[{"type":"message","content":[]}],"usage":{"input_tokens":10,"output_tokens":20,"input_tokens_details":{"cached_tokens":0},"output_tokens_details":{"reasoning_tokens":0}}}"#;
-    let usage = scan_split_everywhere(Dialect::Responses, Framing::Json, body);
+    let usage = scan_split_everywhere(UsageContainer::Response, Framing::Json, body);
     assert_eq!(usage, Some(counts(10, 20, Some(0), Some(0))));
 }
 
@@ -63,7 +67,7 @@ fn a_container_key_written_with_escapes_is_read() {
         r#"data: {"type":"response.completed","\u0072\u0065\u0073\u0070\u006f\u006e\u0073\u0065":{"usage":{"input_tokens":1,"output_tokens":2}}}"#,
         "\n\n"
     );
-    let (usage, _) = scan(Dialect::Responses, Framing::EventStream, body);
+    let (usage, _) = scan(UsageContainer::Response, Framing::EventStream, body);
     assert_eq!(usage, Some(counts(1, 2, None, None)));
 }
 
@@ -96,16 +100,20 @@ const MESSAGES_END: &str = concat!(
 #[test]
 fn a_messages_stream_takes_its_prompt_from_message_start_and_its_output_from_message_delta() {
     let stream = format!("{MESSAGES_STREAM}{MESSAGES_END}");
-    let usage = scan_split_everywhere(Dialect::Anthropic, Framing::EventStream, &stream);
+    let usage = scan_split_everywhere(UsageContainer::Message, Framing::EventStream, &stream);
     // The prompt is the input plus what the cache wrote and read.
     assert_eq!(usage, Some(counts(40, 15, None, Some(5))));
-    let (_, opening_only) = scan(Dialect::Anthropic, Framing::EventStream, &stream);
+    let (_, opening_only) = scan(UsageContainer::Message, Framing::EventStream, &stream);
     assert!(!opening_only);
 }
 
 #[test]
 fn a_messages_stream_cut_before_message_delta_says_its_output_is_not_final() {
-    let (usage, opening_only) = scan(Dialect::Anthropic, Framing::EventStream, MESSAGES_STREAM);
+    let (usage, opening_only) = scan(
+        UsageContainer::Message,
+        Framing::EventStream,
+        MESSAGES_STREAM,
+    );
     assert_eq!(usage, Some(counts(40, 1, None, Some(5))));
     assert!(opening_only);
 }
@@ -116,24 +124,28 @@ fn a_message_delta_that_restates_the_input_replaces_it() {
         "{MESSAGES_STREAM}data: {}\n\n",
         r#"{"type":"message_delta","usage":{"input_tokens":30,"cache_read_input_tokens":0,"output_tokens":9}}"#
     );
-    let (usage, _) = scan(Dialect::Anthropic, Framing::EventStream, &stream);
+    let (usage, _) = scan(UsageContainer::Message, Framing::EventStream, &stream);
     assert_eq!(usage, Some(counts(30, 9, None, Some(0))));
 }
 
 #[test]
 fn a_messages_json_body_is_read_from_its_root() {
     let body = r#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"Hi"}],"model":"m","stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":6}}"#;
-    let usage = scan_split_everywhere(Dialect::Anthropic, Framing::Json, body);
+    let usage = scan_split_everywhere(UsageContainer::Message, Framing::Json, body);
     assert_eq!(usage, Some(counts(12, 6, None, Some(0))));
     // count_tokens' answer states no usage object: nothing is charged for counting.
-    let (usage, _) = scan(Dialect::Anthropic, Framing::Json, r#"{"input_tokens":12}"#);
+    let (usage, _) = scan(
+        UsageContainer::Message,
+        Framing::Json,
+        r#"{"input_tokens":12}"#,
+    );
     assert_eq!(usage, None);
 }
 
 #[test]
 fn an_invalid_input_count_is_not_made_up_from_the_cache_counts() {
     let body = r#"{"usage":{"input_tokens":-1,"cache_read_input_tokens":4,"output_tokens":2}}"#;
-    let (usage, _) = scan(Dialect::Anthropic, Framing::Json, body);
+    let (usage, _) = scan(UsageContainer::Message, Framing::Json, body);
     assert_eq!(usage.and_then(|u| u.prompt_tokens), None);
 }
 
@@ -142,6 +154,6 @@ fn two_usages_in_one_message_merge_however_the_stream_is_split() {
     // Read whole, the container's second usage used to replace its first before the merge;
     // split between them, the two merged: the charge depended on the network's chunking.
     let body = r#"{"message":{"usage":{"input_tokens":1},"usage":{"output_tokens":2}},"usage":{"cache_read_input_tokens":3}}"#;
-    let usage = scan_split_everywhere(Dialect::Anthropic, Framing::Json, body);
+    let usage = scan_split_everywhere(UsageContainer::Message, Framing::Json, body);
     assert_eq!(usage, Some(counts(1, 2, None, Some(3))));
 }

@@ -67,12 +67,12 @@ pub(super) struct SseScan {
 }
 
 impl SseScan {
-    pub(super) fn new(dialect: super::Dialect) -> SseScan {
+    pub(super) fn new(at: super::UsageContainer) -> SseScan {
         SseScan {
             line: Line::Bom(0),
             after_cr: false,
             has_data: false,
-            json: JsonScan::new(dialect),
+            json: JsonScan::new(at),
             events: 0,
             fresh: false,
         }

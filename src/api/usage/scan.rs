@@ -9,7 +9,7 @@
 
 use memchr::memchr2;
 
-use super::{Dialect, Usage};
+use super::{Usage, UsageContainer};
 
 /// Longest raw (still escaped) top-level key kept for comparison: `response` written
 /// entirely with `\uXXXX` escapes is 48 bytes, so a longer key cannot be one we read.
@@ -67,7 +67,7 @@ pub(super) struct JsonScan {
     key_escaped: bool,
     /// The current top-level key is `usage`.
     usage_key: bool,
-    /// The current top-level key is the dialect's container (`response`, `message`).
+    /// The current top-level key is the usage's container (`response`, `message`).
     container_key: bool,
     /// The member holding another `usage` (Responses' `response`, Messages' `message`).
     container: Option<&'static [u8]>,
@@ -92,11 +92,11 @@ pub(super) struct JsonScan {
 }
 
 impl JsonScan {
-    pub(super) fn new(dialect: Dialect) -> JsonScan {
-        let (container, merge) = match dialect {
-            Dialect::OpenAi => (None, false),
-            Dialect::Responses => (Some(&b"response"[..]), false),
-            Dialect::Anthropic => (Some(&b"message"[..]), true),
+    pub(super) fn new(at: UsageContainer) -> JsonScan {
+        let (container, merge) = match at {
+            UsageContainer::Root => (None, false),
+            UsageContainer::Response => (Some(&b"response"[..]), false),
+            UsageContainer::Message => (Some(&b"message"[..]), true),
         };
         JsonScan {
             container_key: false,
@@ -211,7 +211,7 @@ impl JsonScan {
                 } else if byte == b'{' && self.container_key {
                     let inner = self
                         .inner
-                        .get_or_insert_with(|| Box::new(JsonScan::new(Dialect::OpenAi)));
+                        .get_or_insert_with(|| Box::new(JsonScan::new(UsageContainer::Root)));
                     inner.reset();
                     inner.usage = None;
                     // Two usages in one container merge there as they would here: what is

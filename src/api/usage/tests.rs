@@ -24,7 +24,7 @@ fn chat_usage() -> Option<Usage> {
 }
 
 fn scan(framing: Framing, body: &[u8]) -> Option<Usage> {
-    let mut scanner = UsageScanner::new(framing, Encoding::Identity, Dialect::OpenAi);
+    let mut scanner = UsageScanner::new(framing, Encoding::Identity, UsageContainer::Root);
     scanner.feed(body);
     scanner.usage()
 }
@@ -411,7 +411,7 @@ fn assert_split_invariant(framing: Framing, body: &[u8]) {
     let whole = scan(framing, body);
     assert!(whole.is_some());
     for at in 0..=body.len() {
-        let mut scanner = UsageScanner::new(framing, Encoding::Identity, Dialect::OpenAi);
+        let mut scanner = UsageScanner::new(framing, Encoding::Identity, UsageContainer::Root);
         scanner.feed(&body[..at]);
         scanner.feed(&body[at..]);
         assert_eq!(scanner.usage(), whole, "{framing:?} split at {at}");
@@ -524,7 +524,7 @@ fn compressed_large_body_with_usage_at_the_end() {
 fn decode_errors_stop_scanning_but_keep_the_usage() {
     let first = "data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\n";
     let compressed = gzip(first.as_bytes());
-    let mut scanner = UsageScanner::new(Framing::EventStream, Encoding::Gzip, Dialect::OpenAi);
+    let mut scanner = UsageScanner::new(Framing::EventStream, Encoding::Gzip, UsageContainer::Root);
     scanner.feed(&compressed);
     assert_eq!(scanner.usage(), tokens(Some(1), Some(1)));
     // Bytes after the end of the gzip member (garbage, or another member) change nothing.
@@ -717,18 +717,28 @@ fn events_are_counted_the_same_whether_passed_over_or_walked() {
         "event: x\ndata:{\"choices\":[]}\n\n: c\n\ndata: {\"usage\":{\"prompt_tokens\":2}}\n\n",
         "data: {\"x\":1}\ndata: {\"y\":2}\n\ndata: not json\n\n",
     ] {
-        let mut whole =
-            UsageScanner::new(Framing::EventStream, Encoding::Identity, Dialect::OpenAi);
+        let mut whole = UsageScanner::new(
+            Framing::EventStream,
+            Encoding::Identity,
+            UsageContainer::Root,
+        );
         whole.feed(stream.as_bytes());
-        let mut bytewise =
-            UsageScanner::new(Framing::EventStream, Encoding::Identity, Dialect::OpenAi);
+        let mut bytewise = UsageScanner::new(
+            Framing::EventStream,
+            Encoding::Identity,
+            UsageContainer::Root,
+        );
         for byte in stream.as_bytes() {
             bytewise.feed(std::slice::from_ref(byte));
         }
         assert_eq!(whole.events(), bytewise.events(), "{stream:?}");
         assert_eq!(whole.usage(), bytewise.usage(), "{stream:?}");
     }
-    let mut scanner = UsageScanner::new(Framing::EventStream, Encoding::Identity, Dialect::OpenAi);
+    let mut scanner = UsageScanner::new(
+        Framing::EventStream,
+        Encoding::Identity,
+        UsageContainer::Root,
+    );
     scanner.feed(b"data: {\"a\":1}\n\ndata: {\"b\":2}\r\n\r\ndata: [DONE]\n\n");
     assert_eq!(scanner.events(), 2, "[DONE] is not an object");
 }
@@ -743,7 +753,11 @@ fn events_with_usage_null_or_the_word_usage_are_passed_over_and_usage_objects_ar
         "data: {\"choices\":[],\"usage\":\t{\"prompt_tokens\":5,\"completion_tokens\":6}}\n\n",
         "data: [DONE]\n\n",
     );
-    let mut whole = UsageScanner::new(Framing::EventStream, Encoding::Identity, Dialect::OpenAi);
+    let mut whole = UsageScanner::new(
+        Framing::EventStream,
+        Encoding::Identity,
+        UsageContainer::Root,
+    );
     whole.feed(stream.as_bytes());
     assert_eq!(whole.usage(), tokens(Some(5), Some(6)));
     assert_eq!(whole.events(), 4);

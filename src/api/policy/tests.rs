@@ -447,7 +447,7 @@ fn a_key_read_twice_is_refused() {
 #[test]
 fn the_caps_budgets_reserve_are_read_and_checked() {
     let cap = |endpoint, body: &str| {
-        crate::model_policy::plan(endpoint, body.as_bytes(), &no_policy())
+        crate::api::plan(endpoint, body.as_bytes(), &no_policy())
             .map(|p| p.completion_cap)
             .map_err(|e| e.message().to_string())
     };
@@ -779,7 +779,7 @@ fn endpoints() {
 #[test]
 fn every_prompt_of_a_completions_array_and_every_choice_multiplies_the_cap() {
     let cap = |body: &str| {
-        crate::model_policy::plan(Endpoint::Completions, body.as_bytes(), &no_policy())
+        crate::api::plan(Endpoint::Completions, body.as_bytes(), &no_policy())
             .map(|p| (p.completion_cap, p.completions))
             .unwrap()
     };
@@ -799,7 +799,7 @@ fn every_prompt_of_a_completions_array_and_every_choice_multiplies_the_cap() {
 
 #[test]
 fn a_budgeted_request_without_a_cap_gets_one_inserted_or_is_refused() {
-    use crate::model_policy::{plan_capped, CapRule};
+    use crate::api::{plan_capped, CapRule};
     let insert = CapRule::new(1024, false);
     let refuse = CapRule::new(1024, true);
     let models = no_policy();

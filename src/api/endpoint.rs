@@ -19,7 +19,7 @@ pub enum Api {
 }
 
 /// The requests whose bodies the gateway reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Endpoint {
     Chat,
     /// Text completions (`/completions`).
@@ -31,27 +31,6 @@ pub enum Endpoint {
     Messages,
     /// `/messages/count_tokens`: a Messages body without `max_tokens`; nothing is generated.
     CountTokens,
-}
-
-/// Each API's endpoints, a longer suffix before any shorter one it ends with.
-const OPENAI: [(&[u8], Endpoint); 4] = [
-    (b"/chat/completions", Endpoint::Chat),
-    (b"/completions", Endpoint::Completions),
-    (b"/embeddings", Endpoint::Embeddings),
-    (b"/responses", Endpoint::Responses),
-];
-const ANTHROPIC: [(&[u8], Endpoint); 2] = [
-    (b"/messages/count_tokens", Endpoint::CountTokens),
-    (b"/messages", Endpoint::Messages),
-];
-
-impl Api {
-    fn endpoints(self) -> &'static [(&'static [u8], Endpoint)] {
-        match self {
-            Api::OpenAi => &OPENAI,
-            Api::Anthropic => &ANTHROPIC,
-        }
-    }
 }
 
 impl Endpoint {
@@ -72,24 +51,20 @@ impl Endpoint {
         }
         matching(api, &normalized(path))
     }
-
-    /// Whether the endpoint generates text (so its response may stream and its request caps
-    /// what it generates).
-    pub fn generates(self) -> bool {
-        !matches!(self, Endpoint::Embeddings | Endpoint::CountTokens)
-    }
 }
 
 /// The endpoint `path` names, compared without case and without trailing slashes.
 fn matching(api: Api, path: &[u8]) -> Option<Endpoint> {
     let end = path.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
     let path = &path[..end];
-    api.endpoints().iter().find_map(|&(suffix, endpoint)| {
-        let tail = path.len().checked_sub(suffix.len())?;
-        path[tail..]
-            .eq_ignore_ascii_case(suffix)
-            .then_some(endpoint)
-    })
+    // The longest suffix that matches: `/messages/count_tokens` is not `/messages`.
+    let names = |&endpoint: &Endpoint| {
+        let spec = endpoint.spec();
+        let tail = path.len().checked_sub(spec.suffix.len())?;
+        let named = spec.api == api && path[tail..].eq_ignore_ascii_case(spec.suffix);
+        named.then_some((spec.suffix.len(), endpoint))
+    };
+    super::ALL.iter().filter_map(names).max().map(|(_, e)| e)
 }
 
 /// `path` with its percent-escapes decoded and each segment's `;` parameters dropped.

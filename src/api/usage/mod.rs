@@ -13,7 +13,7 @@
 //!   document, read the same way; `[DONE]` and other non-JSON data are ignored.
 //! - Only a root object counts, and only its own `usage` member: `usage` nested deeper (in
 //!   `choices`) or inside a string never does. A key written with escapes is decoded, so
-//!   `"us\u0061ge"` is `usage`. The one exception is the [`Dialect`]'s container: the
+//!   `"us\u0061ge"` is `usage`. The one exception is the [`UsageContainer`]'s container: the
 //!   `usage` member of the root's `response` (Responses) or `message` (Messages) object.
 //! - The value must be an object (`"usage": null` is ignored). `prompt_tokens` and
 //!   `completion_tokens` (or the Responses API's `input_tokens` and `output_tokens`), and
@@ -59,17 +59,17 @@ fn usage_key_positions(bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
 
 /// Where an API puts the usage of a response, besides its root object's `usage`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Dialect {
+pub enum UsageContainer {
     /// Chat, completions and embeddings: the root `usage` only; the last one seen wins.
     #[default]
-    OpenAi,
+    Root,
     /// The Responses API: also `response.usage`, in the `response.completed` event of a
     /// stream (and `response.incomplete` or `response.failed`); the last one seen wins.
-    Responses,
+    Response,
     /// Anthropic's Messages API: also `message.usage`, in a stream's `message_start`; a later
     /// usage (the root `usage` of `message_delta`, whose `output_tokens` is cumulative)
     /// replaces only the counts it states, since it may state the output alone.
-    Anthropic,
+    Message,
 }
 
 /// How the response body is framed.
@@ -152,10 +152,10 @@ enum Inner {
 }
 
 impl UsageScanner {
-    pub fn new(framing: Framing, encoding: Encoding, dialect: Dialect) -> UsageScanner {
+    pub fn new(framing: Framing, encoding: Encoding, at: UsageContainer) -> UsageScanner {
         let sink = match framing {
-            Framing::Json => Sink::Json(JsonScan::new(dialect)),
-            Framing::EventStream => Sink::EventStream(SseScan::new(dialect)),
+            Framing::Json => Sink::Json(JsonScan::new(at)),
+            Framing::EventStream => Sink::EventStream(SseScan::new(at)),
         };
         let inner = match encoding {
             Encoding::Identity => Inner::Identity(sink),

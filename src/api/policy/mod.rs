@@ -7,10 +7,8 @@
 
 #[cfg(test)]
 mod agent_tests;
-mod body;
 #[cfg(test)]
 mod edit_tests;
-mod endpoint;
 mod include_usage;
 #[cfg(test)]
 mod tests;
@@ -19,10 +17,10 @@ mod usage_tests;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::fmt;
 use std::ops::Range;
 
-pub use endpoint::{Api, Endpoint};
+use super::request::{self as body, BodyError};
+use super::{Api, Endpoint};
 use include_usage::UsageRequest;
 pub(crate) use include_usage::MAX_GROWTH as USAGE_MAX_GROWTH;
 
@@ -223,28 +221,6 @@ impl<'m> Edit<'m> {
     }
 }
 
-/// Why a body is refused: the message names the field and never quotes the body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BodyError(String);
-
-impl BodyError {
-    pub fn new(message: String) -> BodyError {
-        BodyError(message)
-    }
-
-    pub fn message(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for BodyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BodyError {}
-
 /// Checks a body and applies the model policy to it, as a new body (the usage edit aside).
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn apply(
@@ -263,36 +239,30 @@ pub(crate) fn apply(
 /// `unstated_cap`): written into a body that states none, or such a body refused. Built once.
 #[derive(Debug, Clone)]
 pub(crate) struct CapRule {
-    pub tokens: u64,
-    pub refuse: bool,
-    /// `"max_completion_tokens":N,` (chat), `"max_tokens":N,` (completions, Messages),
-    /// `"max_output_tokens":N,` (Responses), each inserted after the opening brace.
-    inserts: [Vec<u8>; 3],
+    pub(crate) tokens: u64,
+    pub(crate) refuse: bool,
+    /// Per endpoint (in `Endpoint`'s order), its cap member as inserted after the opening
+    /// brace (`"max_completion_tokens":N,` on chat…); empty where nothing is generated.
+    inserts: [Vec<u8>; 6],
 }
 
 impl CapRule {
     pub(crate) fn new(tokens: u64, refuse: bool) -> CapRule {
-        let insert = |field: &str| format!("\"{field}\":{tokens},").into_bytes();
+        let insert = |e: Endpoint| match e.spec().cap_field {
+            Some(field) => format!("\"{field}\":{tokens},").into_bytes(),
+            None => Vec::new(),
+        };
         CapRule {
             tokens,
             refuse,
-            inserts: [
-                insert("max_completion_tokens"),
-                insert("max_tokens"),
-                insert("max_output_tokens"),
-            ],
+            inserts: super::ALL.map(insert),
         }
     }
 
     /// The member that caps `endpoint`'s completion, and its insertion.
     fn insert(&self, endpoint: Endpoint) -> Option<(&'static str, &[u8])> {
-        let (field, i) = match endpoint {
-            Endpoint::Chat => ("max_completion_tokens", 0),
-            Endpoint::Completions | Endpoint::Messages => ("max_tokens", 1),
-            Endpoint::Responses => ("max_output_tokens", 2),
-            Endpoint::Embeddings | Endpoint::CountTokens => return None,
-        };
-        Some((field, &self.inserts[i]))
+        let field = endpoint.spec().cap_field?;
+        Some((field, &self.inserts[endpoint as usize]))
     }
 
     /// The most bytes the insertion adds.
@@ -321,15 +291,14 @@ pub(crate) fn plan_capped<'a, 'm: 'a>(
     let scanned = body::scan(endpoint, body)?;
     // Only chat and completions streams report usage on request; the Responses and Messages
     // streams always do.
-    let asks_usage = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
-    let usage = if scanned.stream && asks_usage {
-        let options = match scanned.stream_options {
-            true => Some(
-                body::member(body, "stream_options")
-                    .ok_or_else(|| BodyError("stream_options must be an object".to_string()))?,
-            ),
-            false => None,
-        };
+    let usage = if scanned.stream && endpoint.spec().usage_on_request {
+        let options =
+            match scanned.stream_options {
+                true => Some(body::member(body, "stream_options").ok_or_else(|| {
+                    BodyError::new("stream_options must be an object".to_string())
+                })?),
+                false => None,
+            };
         match include_usage::plan(body, options, after_brace(body))? {
             UsageRequest::Missing { range, with } => Some(Edit::splice(range, with)),
             UsageRequest::Asked => None,
@@ -342,7 +311,7 @@ pub(crate) fn plan_capped<'a, 'm: 'a>(
         (true, Some(_)) => (scanned.completion_cap(), None),
         (true, None) => match cap.and_then(|c| Some((c, c.insert(endpoint)?))) {
             Some((rule, (field, _))) if rule.refuse => {
-                return Err(BodyError(format!(
+                return Err(BodyError::new(format!(
                     "{field} is required: the caller's token budget needs a completion cap"
                 )));
             }
