@@ -25,7 +25,7 @@ use crate::config::{BudgetSettings, Config};
 use crate::metering::{Ledger, LedgerService, Meter, FINAL_FLUSH};
 use crate::metrics::Metrics;
 use crate::metrics_app::MetricsApp;
-use crate::proxy::{upstream, Gateway};
+use crate::proxy::{peer_for, Gateway};
 use crate::rate_limit::Backend;
 use crate::replicas::{DnsRefresh, HealthChecks, MakePeer, Replicas, UpstreamResolver};
 use crate::shutdown::{Connections, Drain, Tracked, Watchdog};
@@ -322,7 +322,7 @@ impl Upstreams {
             .map(|service| {
                 let settings = service.clone();
                 let make_peer: MakePeer =
-                    Arc::new(move |up, address| upstream::peer_for(&settings, up, address));
+                    Arc::new(move |up, address| peer_for(&settings, up, address));
                 let replicas = Arc::new(Replicas::new(service, metrics, &*make_peer));
                 let b = &service.balancing;
                 health.add(

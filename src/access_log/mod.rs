@@ -5,7 +5,5 @@
 mod record;
 mod writer;
 
-pub(crate) use record::{
-    millis, model_name, path_only, HttpFields, KeyEventFields, ProxiedFields, Record,
-};
+pub(crate) use record::{millis, path_only, HttpFields, KeyEventFields, ProxiedFields, Record};
 pub(crate) use writer::{open, AccessLog};

@@ -16,7 +16,6 @@ use crate::auth::api_keys::Budget;
 /// write a megabyte line.
 const MAX_PATH: usize = 2048;
 /// Longest model name logged, for the same reason: the client writes it.
-const MAX_MODEL: usize = 256;
 
 #[derive(Serialize)]
 pub(crate) struct Record<'a> {
@@ -127,11 +126,6 @@ pub(crate) fn path_only(raw: &[u8]) -> Cow<'_, str> {
     }
 }
 
-/// A model name as the log may show it: at most 256 bytes.
-pub(crate) fn model_name(name: &str) -> &str {
-    cut(name, MAX_MODEL)
-}
-
 /// `s` cut to at most `max` bytes, on a character boundary.
 fn cut(s: &str, max: usize) -> &str {
     if s.len() <= max {
@@ -160,18 +154,6 @@ mod tests {
         let long = "é".repeat(MAX_PATH);
         let cut = path_only(long.as_bytes());
         assert!(cut.len() <= MAX_PATH && cut.chars().all(|c| c == 'é'));
-    }
-
-    #[test]
-    fn model_names_are_cut_to_256_bytes_on_a_character_boundary() {
-        assert_eq!(model_name("gpt-4o"), "gpt-4o");
-        assert_eq!(model_name(&"m".repeat(5 << 20)), "m".repeat(256));
-        // 3-byte characters: 85 of them fit, the 86th would end at byte 258.
-        assert_eq!(model_name(&"€".repeat(1000)), "€".repeat(85));
-        assert_eq!(
-            model_name(&format!("{}é", "a".repeat(255))),
-            "a".repeat(255)
-        );
     }
 
     #[test]

@@ -9,7 +9,10 @@
 //! - `policy/`: the model policy and the body edits (default model, aliases, usage on
 //!   streams, the budget's completion cap).
 //! - `usage/`: the usage of answers, read (and stripped) as they stream past.
+//! - `exchange/`: one call, phase by phase, as the proxy hands it over; its metering.
 //! - `conversation`: a conversation's start, hashed for replica affinity.
+//! - `unmetered`: what a token-budgeted caller may call besides the endpoints read.
+//! - `rate_headers`: the rate-limit headers of a budgeted caller's answers.
 
 use serde::de::MapAccess;
 
@@ -18,19 +21,25 @@ use request::{Problem, Scanned, Seen};
 mod anthropic;
 mod conversation;
 mod endpoint;
+mod exchange;
 mod openai;
 mod policy;
+mod rate_headers;
 mod request;
+mod unmetered;
 mod usage;
 
 pub(crate) use conversation::WINDOW as CONVERSATION_WINDOW;
 pub use conversation::{body_key as affinity_body_key, session_key as affinity_session_key};
 pub use endpoint::{Api, Endpoint};
+pub(crate) use exchange::Exchange;
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use policy::{apply, Applied};
 pub use policy::{plan, Models};
 pub(crate) use policy::{plan_capped, CapRule, Edit, USAGE_MAX_GROWTH};
+pub(crate) use rate_headers::{rate_headers, Line as RateLine};
 pub(crate) use request::BodyError;
+pub(crate) use unmetered::{allowed as unmetered_allowed, refusal_message as unmetered_refusal};
 pub(crate) use usage::strip::UsageStripper;
 pub(crate) use usage::Usage;
 pub use usage::{Encoding, Framing, UsageContainer, UsageScanner};

@@ -122,14 +122,8 @@ impl Table {
 /// The budgets of a request's key and of its owner (non-empty ones), by id.
 pub(crate) type Budgeted<'p> = [Option<(&'p str, Budget)>; 2];
 
-/// One line of OpenAI's `x-ratelimit-*` headers: a counter's limit, what is left, and the
-/// seconds until its window resets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Line {
-    pub limit: u64,
-    pub remaining: u64,
-    pub reset: u64,
-}
+/// One window of a caller's budget as its answers' rate headers state it.
+pub(crate) use crate::api::RateLine as Line;
 
 /// The headers a budgeted caller's response carries: its tightest token window and, when a
 /// request budget applies, its request window.

@@ -96,18 +96,6 @@ impl Windows {
     }
 }
 
-/// A duration as OpenAI writes `x-ratelimit-reset-*`: `6m0s`, `1h2m3s`, `45s`.
-pub(crate) fn openai_duration(seconds: u64) -> String {
-    let (h, m, s) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
-    if h > 0 {
-        format!("{h}h{m}m{s}s")
-    } else if m > 0 {
-        format!("{m}m{s}s")
-    } else {
-        format!("{s}s")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,14 +113,5 @@ mod tests {
         assert_eq!(next.starts.month, parse_date("2026-12-01").unwrap());
         assert_eq!(next.seconds_left(Kind::TokensPerHour), 3600);
         assert_eq!(next.seconds_left(Kind::TokensPerMonth), 31 * 86_400);
-    }
-
-    #[test]
-    fn durations_read_like_openais() {
-        assert_eq!(openai_duration(0), "0s");
-        assert_eq!(openai_duration(45), "45s");
-        assert_eq!(openai_duration(360), "6m0s");
-        assert_eq!(openai_duration(3723), "1h2m3s");
-        assert_eq!(openai_duration(86_400), "24h0m0s");
     }
 }

@@ -11,12 +11,12 @@ use crate::access_log::{path_only, HttpFields, ProxiedFields, Record};
 use crate::auth::jwt::{check_header, claims::Claims, MAX_KID_LEN};
 use crate::auth::token::{self, Bearer, KeyId, API_KEY_PREFIX, KEY_ID_LEN, SECRET_LEN};
 use crate::config::Config;
-use crate::routing::{self, Target};
+use crate::proxy::{classify_path, Target};
 const METHODS: [&str; 9] = [
     "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "CONNECT", "TRACE",
 ];
 
-/// `routing::classify` on raw target bytes: what it forwards never holds a dot segment (raw,
+/// `proxy::classify_path` on raw target bytes: what it forwards never holds a dot segment (raw,
 /// encoded, or before `;params`), an encoded `/` or `\`, a backslash, a control character or
 /// an empty segment; it is the target's own tail; and it reads nothing but the target.
 pub fn path_classifier(data: &[u8]) {
@@ -25,7 +25,7 @@ pub fn path_classifier(data: &[u8]) {
         None => ("GET", data),
     };
     let method = Method::from_bytes(method.as_bytes()).expect("a known method");
-    match routing::classify(&method, target) {
+    match classify_path(&method, target) {
         Ok(Target::Protected { service, forward }) => {
             assert!(target.ends_with(forward), "forwards a part of the target");
             let path = target.split(|&b| b == b'?').next().unwrap_or_default();

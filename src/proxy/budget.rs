@@ -1,229 +1,116 @@
-//! The memory bound of every body the gateway holds whole at once (`buffered_bodies_max_bytes`):
-//! one atomic count of reserved bytes shared by all requests, and per caller (owner, else key:
-//! `buffered_bytes_per_caller`) so that one caller's uploads cannot take everyone's room. A
-//! request reserves as its bytes arrive, before it allocates, and gives its bytes back when
-//! its `Reservation` drops, so an upload that aborts, times out or is refused returns its
-//! share at once, whatever path it ends by.
+//! Step 6, budget: after authorisation and the body's validation,
+//! before anything is forwarded, a budgeted caller's request reserves its worst case
+//! (`budgets::Budgets::reserve`) or is refused with `429 budget_exceeded`; its responses carry
+//! OpenAI's `x-ratelimit-*` headers for its tightest window; the record phase settles the
+//! reservation with what was really used.
 
-use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::{Error, ErrorType, Result};
 
-use crate::auth::Principal;
-use crate::metering::Prehashed;
+use super::{Gateway, RequestCtx};
+use crate::api::{self, CapRule};
+use crate::budgets::{Quota, Refusal};
 
-/// Locks the per-caller counts spread over.
-const SHARDS: usize = 16;
-
-pub(crate) struct Budget {
-    limit: u64,
-    used: AtomicU64,
-    per_caller: u64,
-    /// Bytes held per caller, by the hash of its name; a caller holding nothing has no entry.
-    callers: [Mutex<HashMap<u64, u64, BuildHasherDefault<Prehashed>>>; SHARDS],
-    hasher: RandomState,
+/// Why a request may not go on for its budget.
+pub(crate) enum BudgetStop {
+    /// `429 budget_exceeded`.
+    Over(Box<Refusal>),
+    /// `503 budget_unavailable`: the counters are not seeded yet.
+    Unavailable,
 }
 
-impl Budget {
-    #[cfg(test)]
-    pub(crate) fn new(limit: u64) -> Arc<Budget> {
-        Budget::with_caller_limit(limit, limit)
-    }
+/// The completion cap a request of this caller must have: only with a token budget.
+pub(super) fn cap_rule<'g>(gw: &'g Gateway, ctx: &RequestCtx) -> Option<&'g CapRule> {
+    let budgets = gw.budgets.as_deref()?;
+    (ctx.budget_class == Some(true)).then(|| budgets.cap_rule())
+}
 
-    /// All bodies within `limit`, one caller's within `per_caller`.
-    pub(crate) fn with_caller_limit(limit: u64, per_caller: u64) -> Arc<Budget> {
-        Arc::new(Budget {
-            limit,
-            used: AtomicU64::new(0),
-            per_caller,
-            callers: Default::default(),
-            hasher: RandomState::new(),
-        })
+/// Reserves the request's budget once what it asks is known: at once for a request whose
+/// body is not read, once the body is read for one that is. `Err`: refused.
+pub(super) async fn reserve(gw: &Gateway, ctx: &mut RequestCtx) -> Result<(), BudgetStop> {
+    let (Some(budgets), Some(principal)) = (&gw.budgets, &ctx.principal) else {
+        return Ok(());
+    };
+    // No budget at all (looked up when the caller was authorised): nothing to decide.
+    if ctx.budget_decided || ctx.budget_class.is_none() {
+        ctx.budget_decided = true;
+        return Ok(());
     }
-
-    /// `bytes` of the budget for `caller`, or None when they would take the total or the
-    /// caller's share past its limit.
-    pub(crate) fn reserve(
-        self: &Arc<Budget>,
-        caller: Option<&Arc<Principal>>,
-        bytes: u64,
-    ) -> Option<Reservation> {
-        let caller = caller.map(|p| self.hasher.hash_one(p.owner.as_deref().unwrap_or(&p.id)));
-        self.take(caller, bytes).then(|| Reservation {
-            budget: Arc::clone(self),
-            caller,
-            bytes,
-        })
+    let Some(budgeted) = budgets.of(principal) else {
+        ctx.budget_decided = true;
+        return Ok(());
+    };
+    if !budgets.is_seeded() {
+        ctx.budget_decided = true;
+        return Err(BudgetStop::Unavailable);
     }
-
-    /// Bytes reserved now.
-    #[cfg(test)]
-    pub(crate) fn used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    fn take(&self, caller: Option<u64>, bytes: u64) -> bool {
-        if let Some(caller) = caller {
-            let mut held = self.callers[caller as usize % SHARDS]
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let mine = held.entry(caller).or_insert(0);
-            match mine.checked_add(bytes).filter(|&n| n <= self.per_caller) {
-                Some(n) => *mine = n,
-                None => {
-                    if *mine == 0 {
-                        held.remove(&caller);
-                    }
-                    return false;
-                }
+    let ask = match ctx.body.as_mut().map(|b| &mut b.exchange) {
+        Some(exchange) => match exchange.ask() {
+            Some((bytes, cap)) => {
+                // Charged in full should its usage go unread.
+                let (prompt, completion) = budgets.worst_case(bytes, cap);
+                exchange.charge_if_unread(prompt, completion);
+                budgets.ask(bytes, cap, true)
             }
+            // A body held until complete: decided when it is.
+            None => return Ok(()),
+        },
+        None => budgets.ask(0, None, false),
+    };
+    ctx.budget_decided = true;
+    match Box::pin(budgets.reserve_for(budgeted, ask, budgets.now())).await {
+        Ok(reservation) => {
+            ctx.budget = Some(Box::new(reservation));
+            Ok(())
         }
-        // A plain counter: nothing else is published through it, so Relaxed is enough.
-        let taken = self
-            .used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                used.checked_add(bytes).filter(|&total| total <= self.limit)
-            })
-            .is_ok();
-        if !taken {
-            self.give_back_caller(caller, bytes);
-        }
-        taken
-    }
-
-    fn give(&self, caller: Option<u64>, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::Relaxed);
-        self.give_back_caller(caller, bytes);
-    }
-
-    fn give_back_caller(&self, caller: Option<u64>, bytes: u64) {
-        let Some(caller) = caller else { return };
-        let mut held = self.callers[caller as usize % SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(mine) = held.get_mut(&caller) {
-            *mine = mine.saturating_sub(bytes);
-            if *mine == 0 {
-                held.remove(&caller);
-            }
+        Err(refusal) => {
+            budgets.rejected(gw.service_label(ctx), refusal.kind);
+            Err(BudgetStop::Over(Box::new(refusal)))
         }
     }
 }
 
-/// Bytes held from the budget until dropped.
-pub(crate) struct Reservation {
-    budget: Arc<Budget>,
-    caller: Option<u64>,
-    bytes: u64,
+/// A held body's budget, once it is complete and before any of it is sent upstream.
+pub(super) async fn reserve_held(
+    gw: &Gateway,
+    chunk: &mut Option<Bytes>,
+    end_of_stream: bool,
+    ctx: &mut RequestCtx,
+) -> Result<()> {
+    if ctx.body.is_none() || !end_of_stream || ctx.budget_decided {
+        return Ok(());
+    }
+    if let Err(stop) = reserve(gw, ctx).await {
+        ctx.budget_refusal = Some(stop);
+        *chunk = None;
+        return Error::e_explain(ErrorType::HTTPStatus(429), "over budget");
+    }
+    Ok(())
 }
 
-impl Reservation {
-    #[cfg(test)]
-    pub(crate) fn bytes(&self) -> u64 {
-        self.bytes
-    }
+/// Gives back what the request reserved beyond what it used.
+pub(super) async fn settle(gw: &Gateway, ctx: &mut RequestCtx) {
+    let (Some(budgets), Some(reservation)) = (&gw.budgets, ctx.budget.take()) else {
+        return;
+    };
+    let charged = ctx.exchange().and_then(|x| x.charged());
+    let tokens = charged.map_or(0, |c| {
+        c.usage.prompt_tokens.unwrap_or(0) + c.usage.completion_tokens.unwrap_or(0)
+    });
+    let forwarded = ctx.upstream_sent.is_some() && !ctx.refused_held;
+    budgets.settle(*reservation, tokens, forwarded).await;
+}
 
-    /// Reserves `more` bytes besides; false, and nothing taken, when the budget is spent.
-    pub(crate) fn grow(&mut self, more: u64) -> bool {
-        let taken = self.budget.take(self.caller, more);
-        if taken {
-            self.bytes += more;
-        }
-        taken
-    }
-
-    /// Gives back what is held beyond `bytes`.
-    pub(crate) fn shrink_to(&mut self, bytes: u64) {
-        if bytes < self.bytes {
-            self.budget.give(self.caller, self.bytes - bytes);
-            self.bytes = bytes;
-        }
+/// A budgeted caller's answer states what its budget has left, in the rate headers of its API.
+pub(super) fn quota_headers(response: &mut ResponseHeader, ctx: &RequestCtx) -> Result<()> {
+    match &ctx.budget {
+        Some(reservation) => write_quota(response, &reservation.quota),
+        None => Ok(()),
     }
 }
 
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        self.shrink_to(0);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reservations_stay_within_the_limit_and_are_given_back_when_dropped() {
-        let budget = Budget::new(100);
-        let mut a = budget.reserve(None, 60).unwrap();
-        assert!(budget.reserve(None, 41).is_none());
-        let b = budget.reserve(None, 40).unwrap();
-        assert_eq!(budget.used(), 100);
-        assert!(!a.grow(1));
-        assert_eq!(a.bytes(), 60);
-        drop(b);
-        assert!(a.grow(40));
-        assert_eq!(budget.used(), 100);
-        a.shrink_to(10);
-        assert_eq!(budget.used(), 10);
-        a.shrink_to(50);
-        assert_eq!(a.bytes(), 10, "shrink_to never grows");
-        drop(a);
-        assert_eq!(budget.used(), 0);
-        // A request as large as the whole budget still fits alone; an overflow never wraps.
-        let all = budget.reserve(None, 100).unwrap();
-        assert!(budget.reserve(None, u64::MAX).is_none());
-        drop(all);
-        assert_eq!(budget.used(), 0);
-    }
-
-    #[test]
-    fn concurrent_reservations_never_pass_the_limit() {
-        let budget = Budget::new(1000);
-        let peak = AtomicU64::new(0);
-        std::thread::scope(|s| {
-            for _ in 0..4 {
-                s.spawn(|| {
-                    for _ in 0..10_000 {
-                        if let Some(r) = budget.reserve(None, 300) {
-                            peak.fetch_max(budget.used(), Ordering::Relaxed);
-                            drop(r);
-                        }
-                    }
-                });
-            }
-        });
-        assert!(peak.load(Ordering::Relaxed) <= 1000);
-        assert_eq!(budget.used(), 0);
-    }
-
-    #[test]
-    fn one_caller_holds_at_most_its_share_and_others_still_fit() {
-        let budget = Budget::with_caller_limit(1000, 300);
-        let caller = |id: &str| {
-            Arc::new(Principal {
-                kind: crate::auth::PrincipalKind::ApiKey,
-                id: id.into(),
-                scopes: Box::new([]),
-                owner: None,
-                budget: Default::default(),
-            })
-        };
-        let (a, b) = (caller("a"), caller("b"));
-        let mut held = budget.reserve(Some(&a), 200).unwrap();
-        assert!(budget.reserve(Some(&a), 101).is_none(), "over a's share");
-        assert!(!held.grow(101));
-        assert!(held.grow(100));
-        let other = budget.reserve(Some(&b), 300).unwrap();
-        assert_eq!(budget.used(), 600);
-        drop(held);
-        assert!(
-            budget.reserve(Some(&a), 300).is_some(),
-            "a's share came back"
-        );
-        drop(other);
-        assert_eq!(budget.used(), 0);
-        assert!(budget.callers.iter().all(|c| c.lock().unwrap().is_empty()));
-    }
+/// `quota` as rate headers, replacing the upstream's of the same names.
+pub(super) fn write_quota(response: &mut ResponseHeader, quota: &Quota) -> Result<()> {
+    api::rate_headers(response, quota.tokens, quota.requests)
 }

@@ -1,10 +1,12 @@
-//! What one request carries from hook to hook.
+//! What one request carries from hook to hook, and its id.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use pingora::proxy::Session;
 use rand::RngCore;
 
+use crate::api::{Endpoint, Exchange};
 use crate::auth::{AuthFailure, Principal};
 
 /// `X-Request-Id`, kept inline: no allocation per request.
@@ -53,26 +55,42 @@ impl RequestId {
     }
 }
 
+/// What one request carries from hook to hook, grouped by the step that fills it in.
 pub(crate) struct RequestCtx {
+    // Before step 1.
     pub start: Instant,
     pub request_id: RequestId,
-    /// The matched service, once routed and authorised.
-    pub route: Option<super::RouteId>,
-    /// Where, in the raw request target, the part forwarded to the upstream begins.
-    pub forward_from: usize,
-    pub principal: Option<Arc<Principal>>,
-    pub auth_failure: Option<AuthFailure>,
-    /// Status of a response the gateway wrote itself.
-    pub local_status: Option<u16>,
+    // 1. Validate.
     /// The target is `/healthz`: labelled `_local` whatever its answer.
     pub health: bool,
+    /// Where, in the raw request target, the part forwarded to the upstream begins.
+    pub forward_from: usize,
+    /// Request body bytes so far (chunked bodies declare no length).
     pub body_bytes: u64,
-    pub upstream_sent: Option<Instant>,
-    pub upstream_ttfb: Option<std::time::Duration>,
-    pub streaming: bool,
-    /// A call on an endpoint the gateway reads (a service with an `api`); boxed, as most requests
-    /// have none.
-    pub exchange: Option<Box<super::exchange::Exchange>>,
+    // 2. Authenticate.
+    pub principal: Option<Arc<Principal>>,
+    pub auth_failure: Option<AuthFailure>,
+    // 3. Route.
+    /// The matched service.
+    pub route: Option<super::RouteId>,
+    // 4. Authorise.
+    /// A call on an endpoint of the service's `api`: its body is read (step 5).
+    pub endpoint: Option<Endpoint>,
+    /// Which budgets apply to the caller, looked up once when it is authorised
+    /// (`Budgets::class_of`): none, requests only, or tokens.
+    pub budget_class: Option<bool>,
+    // 5. Body.
+    /// The call on an endpoint the gateway reads, and its body; boxed, as most requests have
+    /// none.
+    pub body: Option<Box<super::body::Body>>,
+    // 6. Budget.
+    /// The caller's budgets were checked (once per request).
+    pub budget_decided: bool,
+    /// What the request reserved of its budgets, settled when it ends.
+    pub budget: Option<Box<crate::budgets::Reservation>>,
+    /// Why a held body's request was refused for its budget, for the 429 (or 503).
+    pub budget_refusal: Option<super::budget::BudgetStop>,
+    // 7. Upstream.
     /// The replica the request is with (counted in flight while held).
     pub replica: Option<crate::replicas::Chosen>,
     /// Replicas already tried by this request (bit i = replica i): each is tried once.
@@ -80,19 +98,28 @@ pub(crate) struct RequestCtx {
     /// Bytes of the request may have reached a replica (an error came after connecting): a
     /// retry may only go back to that replica, never to another.
     pub reached_replica: bool,
-    /// The caller's budgets were checked (once per request).
-    pub budget_decided: bool,
-    /// Which budgets apply to the caller, looked up once when it is authorised
-    /// (`Budgets::class_of`): none, requests only, or tokens.
-    pub budget_class: Option<bool>,
-    /// What the request reserved of its budgets, settled when it ends.
-    pub budget: Option<Box<crate::budgets::Reservation>>,
+    // 8. Rewrite.
+    pub upstream_sent: Option<Instant>,
+    // 9. Respond.
+    pub upstream_ttfb: Option<std::time::Duration>,
+    pub streaming: bool,
+    /// Status of a response the gateway wrote itself.
+    pub local_status: Option<u16>,
     /// The gateway refused the request after its head went upstream but before its body did
     /// (a held body's 400, 403, 408, 413, 429 or 503): not a request of the ledger's, and its
     /// `requests_per_day` comes back.
     pub refused_held: bool,
-    /// Why a held body's request was refused for its budget, for the 429 (or 503).
-    pub budget_refusal: Option<super::budgeted::BudgetStop>,
+}
+
+impl RequestCtx {
+    /// The call on an endpoint the gateway reads, if this is one.
+    pub(crate) fn exchange(&self) -> Option<&Exchange> {
+        self.body.as_ref().map(|b| &b.exchange)
+    }
+
+    pub(crate) fn exchange_mut(&mut self) -> Option<&mut Exchange> {
+        self.body.as_mut().map(|b| &mut b.exchange)
+    }
 }
 
 impl Default for RequestCtx {
@@ -100,26 +127,40 @@ impl Default for RequestCtx {
         RequestCtx {
             start: Instant::now(),
             request_id: RequestId::from_client_or_new(None),
-            route: None,
+            health: false,
             forward_from: 0,
+            body_bytes: 0,
             principal: None,
             auth_failure: None,
-            local_status: None,
-            health: false,
-            body_bytes: 0,
-            upstream_sent: None,
-            upstream_ttfb: None,
-            streaming: false,
-            exchange: None,
+            route: None,
+            endpoint: None,
+            budget_class: None,
+            body: None,
+            budget_decided: false,
+            budget: None,
+            budget_refusal: None,
             replica: None,
             tried: 0,
             reached_replica: false,
-            budget_decided: false,
-            budget_class: None,
-            budget: None,
-            budget_refusal: None,
+            upstream_sent: None,
+            upstream_ttfb: None,
+            streaming: false,
+            local_status: None,
             refused_held: false,
         }
+    }
+}
+
+/// The request's clock and id: new_ctx already drew a random id; the client's replaces it
+/// only if it sent a well-formed one.
+pub(crate) fn begin(session: &Session, ctx: &mut RequestCtx) {
+    ctx.start = Instant::now();
+    if let Some(client_id) = session
+        .req_header()
+        .headers
+        .get(&super::headers::X_REQUEST_ID)
+    {
+        ctx.request_id = RequestId::from_client_or_new(Some(client_id.as_bytes()));
     }
 }
 

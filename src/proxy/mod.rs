@@ -1,18 +1,33 @@
-//! The gateway's one `ProxyHttp`. A request flows top to bottom:
-//! validate → authenticate → route → authorise → rewrite → stream → clean the response → record.
+//! The gateway's one `ProxyHttp`. A request flows through ten steps, one file each; every hook
+//! below is the ordered list of the steps it runs, one line each:
+//!
+//! 1. `validate`: the request head (method, path shape, header and body limits)
+//! 2. `authenticate`: the bearer token, before anything reveals which services exist
+//! 3. `route`: the service the path names
+//! 4. `authorise`: its scope, its rate limit, and no free generation for a budgeted caller
+//! 5. `body`: on an endpoint the gateway reads, the body read whole, checked and edited
+//! 6. `budget`: the worst case reserved, or the request refused
+//! 7. `upstream`: the replica chosen, and whether a failed attempt may be retried
+//! 8. `rewrite`: the forwarded path and the headers the upstream gets
+//! 9. `respond`: the answer streamed through (usage read on the side) and cleaned
+//! 10. `record`: the charge settled, the metrics, the ledger and the access log
+//!
+//! The gateway's own answers (`/healthz`, refusals, failed attempts) are in `answers`.
 
+mod answers;
+mod authenticate;
+mod authorise;
+mod body;
 mod budget;
-mod budgeted;
 mod context;
-pub(crate) mod exchange;
 mod headers;
-mod held;
-mod local;
-mod metered;
+mod path;
 mod record;
+mod respond;
+mod rewrite;
 mod route;
-mod unmetered;
-pub(crate) mod upstream;
+mod upstream;
+mod validate;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,24 +37,24 @@ use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
-use pingora::{Error, ErrorSource, ErrorType, Result};
+use pingora::{Error, Result};
 
 pub(crate) use context::{RequestCtx, RequestId};
+pub use path::{classify as classify_path, Target};
 use route::Route;
 pub(crate) use route::RouteId;
 pub use upstream::peer_for;
 
-use crate::access_log::{self, AccessLog};
-use crate::api::Endpoint;
+use crate::access_log::AccessLog;
+use crate::api::Models;
 use crate::auth::Authenticator;
 use crate::budgets::Budgets;
 use crate::config::Config;
-use crate::errors::{GatewayError, Malformed};
+use crate::errors::GatewayError;
 use crate::metering::Meter;
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::rate_limit::Backend;
 use crate::replicas::Replicas;
-use crate::routing::{self, Target};
 
 pub(crate) struct Gateway {
     routes: Vec<Route>,
@@ -48,7 +63,7 @@ pub(crate) struct Gateway {
     unknown_metrics: ServiceMetrics,
     max_body: u64,
     /// The bounds on bodies read whole, on services with an `api`.
-    buffering: exchange::Buffering,
+    buffering: body::Buffering,
     auth: Authenticator,
     metrics: Arc<Metrics>,
     access_log: AccessLog,
@@ -59,16 +74,22 @@ pub(crate) struct Gateway {
     tail: Option<Duration>,
 }
 
-/// What `request_filter` decided, taken out of the borrowed request before acting on it.
-enum Decision {
-    /// `ctx.route` is set by then; the forwarded part starts at `forward_from`.
-    Proxy {
-        forward_from: usize,
-        /// A call on an endpoint of the service's `api`: its body is read.
-        endpoint: Option<Endpoint>,
-    },
+/// Why `admit` stopped a request before it was proxied.
+enum Stop {
+    /// `/healthz`: answered here.
     Health,
-    Reject(GatewayError),
+    /// The gateway's refusal.
+    Refused(GatewayError),
+    /// Refused for its budget (429, or 503 before the budgets are seeded).
+    OverBudget(budget::BudgetStop),
+    /// Pingora's error (reading the body failed).
+    Failed(Box<Error>),
+}
+
+impl From<GatewayError> for Stop {
+    fn from(e: GatewayError) -> Stop {
+        Stop::Refused(e)
+    }
 }
 
 impl Gateway {
@@ -89,7 +110,7 @@ impl Gateway {
             local_metrics: metrics.for_service("_local"),
             unknown_metrics: metrics.for_service("_unknown"),
             max_body: config.server.max_request_body_bytes,
-            buffering: exchange::Buffering::new(&config.server.buffering),
+            buffering: body::Buffering::new(&config.server.buffering),
             auth,
             metrics,
             access_log,
@@ -99,86 +120,41 @@ impl Gateway {
         }
     }
 
-    async fn decide(&self, session: &Session, ctx: &mut RequestCtx) -> Decision {
+    /// Steps 1 to 6, on the request head (and a body read ahead): `Ok` when the request goes
+    /// upstream.
+    async fn admit(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Stop> {
         let req = session.req_header();
-        ctx.health = routing::is_health_target(req.raw_path());
-        // 1. Validate: method, then path shape.
-        let target = match routing::classify(&req.method, req.raw_path()) {
-            Ok(t) => t,
-            Err(e) => return Decision::Reject(e),
-        };
-        if !headers::within_limits(req) {
-            return Decision::Reject(GatewayError::BadRequest(Malformed::HeadersTooLarge));
+        let (service, forward) = validate::head(req, ctx)?;
+        let principal = authenticate::caller(&self.auth, req, ctx).await?;
+        let route = route::find(&self.routes, service, ctx)?;
+        let budgets = self.budgets.as_deref();
+        authorise::call(route, &principal, req, forward, self.max_body, budgets, ctx).await?;
+        body::read(self, session, ctx).await?;
+        budget::reserve(self, ctx).await.map_err(Stop::OverBudget)
+    }
+
+    /// The service the request was routed to, once routed.
+    fn route(&self, ctx: &RequestCtx) -> Option<&Route> {
+        ctx.route.map(|id| &self.routes[id.index()])
+    }
+
+    /// The model policy of the routed service, on a service with an `api`.
+    fn models(&self, ctx: &RequestCtx) -> Option<&Models> {
+        self.route(ctx).and_then(Route::models)
+    }
+
+    /// The metric handles of the request's bounded label: a registered service, `_local` or
+    /// `_unknown`.
+    fn service_metrics(&self, ctx: &RequestCtx) -> &ServiceMetrics {
+        match self.route(ctx) {
+            Some(route) => &route.metrics,
+            None if ctx.health => &self.local_metrics,
+            None => &self.unknown_metrics,
         }
-        let (service, forward) = match target {
-            Target::Health => return Decision::Health,
-            Target::NotFound => return Decision::Reject(GatewayError::NotFound),
-            Target::Protected { service, forward } => (service, forward),
-        };
-        // 2. Authenticate, before anything reveals which services exist.
-        let principal = match self.auth.authenticate(&req.headers).await {
-            Ok(p) => p,
-            Err(failure) => {
-                // Debug only: stderr logging is synchronous, and a flood of bad tokens must not
-                // turn into blocking writes. The access log and the metric carry the reason.
-                log::debug!(
-                    "request {} unauthorized: {}",
-                    ctx.request_id.as_str(),
-                    failure.as_str()
-                );
-                ctx.auth_failure = Some(failure);
-                return Decision::Reject(GatewayError::Unauthorized);
-            }
-        };
-        ctx.principal = Some(principal.clone());
-        // 3. Route.
-        let Some(id) = service.and_then(|name| {
-            (self.routes.iter())
-                .position(|r| r.settings.name.as_bytes() == name)
-                .map(RouteId::new)
-        }) else {
-            return Decision::Reject(GatewayError::NotFound);
-        };
-        ctx.route = Some(id);
-        let route = &self.routes[id.index()];
-        // 4. Authorise.
-        if !principal.has_scope(&route.settings.scope) {
-            return Decision::Reject(GatewayError::Forbidden);
-        }
-        // Per process, or per fleet through Redis (`[rate_limits] redis`).
-        if let Err(retry_after) = route.limit.check(&principal).await {
-            return Decision::Reject(GatewayError::RateLimited(retry_after));
-        }
-        // A declared body over the limit is refused before a byte of it is read.
-        if let Some(declared) = req.headers.get(http::header::CONTENT_LENGTH) {
-            match declared.to_str().ok().and_then(|v| v.parse::<u64>().ok()) {
-                Some(len) if len > self.max_body => {
-                    return Decision::Reject(GatewayError::PayloadTooLarge)
-                }
-                Some(_) => {}
-                None => {
-                    return Decision::Reject(GatewayError::BadRequest(Malformed::ContentLength))
-                }
-            }
-        }
-        ctx.budget_class = self.budgets.as_ref().and_then(|b| b.class_of(&principal));
-        let forward_from = req.raw_path().len() - forward.len();
-        let endpoint =
-            (route.models()).and_then(|models| Endpoint::of(models.api(), &req.method, forward));
-        // 4a. Metered only: a caller with a token budget generates nothing the meter misses.
-        let settings = &route.settings;
-        if settings.models.is_some()
-            && endpoint.is_none()
-            && ctx.budget_class == Some(true)
-            && !unmetered::allowed(&settings.unmetered_paths, &req.method, forward)
-        {
-            ctx.forward_from = forward_from;
-            return Decision::Reject(GatewayError::EndpointNotMetered);
-        }
-        Decision::Proxy {
-            forward_from,
-            endpoint,
-        }
+    }
+
+    fn service_label(&self, ctx: &RequestCtx) -> &str {
+        self.service_metrics(ctx).service()
     }
 }
 
@@ -191,44 +167,13 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        ctx.start = Instant::now();
-        // new_ctx already drew a random id; the client's replaces it only if it sent one.
-        if let Some(client_id) = session.req_header().headers.get(&headers::X_REQUEST_ID) {
-            ctx.request_id = RequestId::from_client_or_new(Some(client_id.as_bytes()));
-        }
-        match self.decide(session, ctx).await {
-            Decision::Proxy {
-                forward_from,
-                endpoint,
-            } => {
-                ctx.forward_from = forward_from;
-                if let (Some(endpoint), Some(models)) = (endpoint, self.models(ctx.route)) {
-                    // Validate the body and apply the model policy before any upstream is chosen.
-                    let keyed = self.route(ctx).is_some_and(|r| r.replicas.keyed());
-                    let cap = self.cap_rule(ctx);
-                    let (exchange, next) = exchange::Exchange::begin(
-                        session,
-                        endpoint,
-                        models,
-                        cap,
-                        ctx.principal.as_ref(),
-                        &self.buffering,
-                        keyed,
-                    )
-                    .await?;
-                    ctx.exchange = Some(Box::new(exchange));
-                    if let exchange::Next::Refuse(e) = next {
-                        return local::reject(session, ctx, e).await;
-                    }
-                }
-                // 4b. Budget: the worst case reserved, or refused before anything is forwarded.
-                match self.reserve_budget(ctx).await {
-                    Ok(()) => Ok(false),
-                    Err(stop) => local::over_budget(session, ctx, &stop).await,
-                }
-            }
-            Decision::Health => local::health(session, ctx).await,
-            Decision::Reject(e) => local::reject(session, ctx, e).await,
+        context::begin(session, ctx);
+        match self.admit(session, ctx).await {
+            Ok(()) => Ok(false),
+            Err(Stop::Health) => answers::health(session, ctx).await,
+            Err(Stop::Refused(e)) => answers::reject(session, ctx, e).await,
+            Err(Stop::OverBudget(stop)) => answers::over_budget(session, ctx, &stop).await,
+            Err(Stop::Failed(e)) => Err(e),
         }
     }
 
@@ -239,25 +184,9 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        // Chunked bodies declare no length: count what arrives.
-        ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
-        if ctx.body_bytes > self.max_body {
-            session.set_keepalive(None);
-            return Error::e_explain(ErrorType::HTTPStatus(413), "request body over the limit");
-        }
-        if let (Some(exchange), Some(models)) = (&mut ctx.exchange, self.models(ctx.route)) {
-            let cap = self.budgets.as_deref().map(Budgets::cap_rule);
-            exchange.filter_body(session, body, end_of_stream, models, cap)?;
-            // A held body is complete: its budget, before any of it is sent upstream.
-            if end_of_stream && !ctx.budget_decided {
-                if let Err(stop) = self.reserve_budget(ctx).await {
-                    ctx.budget_refusal = Some(stop);
-                    *body = None;
-                    return Error::e_explain(ErrorType::HTTPStatus(429), "over budget");
-                }
-            }
-        }
-        Ok(())
+        validate::body_size(session, body.as_ref(), self.max_body, ctx)?;
+        body::filter(self, session, body, end_of_stream, ctx)?;
+        budget::reserve_held(self, body, end_of_stream, ctx).await
     }
 
     async fn upstream_peer(
@@ -265,46 +194,21 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        let replicas = &self
-            .route(ctx)
-            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?
-            .replicas;
-        let chosen = route::choose(replicas, session.req_header(), ctx);
-        let Some((chosen, peer)) = chosen else {
-            return Error::e_explain(ErrorType::ConnectNoRoute, "every replica was tried");
-        };
-        ctx.tried |= 1 << chosen.index;
-        // Replacing the previous choice ends its in-flight count.
-        ctx.replica = Some(chosen);
-        Ok(Box::new(peer))
+        upstream::choose(self.route(ctx), session.req_header(), ctx)
     }
 
-    /// A connect refusal or timeout: nothing of the request reached the replica, so the next
-    /// untried replica may take it (each at most once; `upstream_peer` chooses). Not once a
-    /// replica may have seen it (see `error_while_proxy`).
+    /// A connect refusal or timeout: see `upstream::connect_failed`.
     fn fail_to_connect(
         &self,
         _session: &mut Session,
         _peer: &HttpPeer,
         ctx: &mut RequestCtx,
-        mut e: Box<Error>,
+        e: Box<Error>,
     ) -> Box<Error> {
-        if let (Some(route), Some(chosen)) = (self.route(ctx), &ctx.replica) {
-            let replicas = &route.replicas;
-            replicas.connect_failed(chosen.index);
-            if !ctx.reached_replica && (ctx.tried.count_ones() as usize) < replicas.len() {
-                e.set_retry(true);
-            }
-        }
-        e
+        upstream::connect_failed(self.route(ctx), ctx, e)
     }
 
-    /// An error once connected: never replayed on another replica. Once the request head is
-    /// written, the replica may have started a generation, and a replay elsewhere would run
-    /// (and bill) it twice; the caller gets the 502 instead. Pingora's own rule stays: it
-    /// retries an idempotent request whose pooled connection failed at once (most often the
-    /// replica had closed it while idle), but only on the same replica: a replica that died
-    /// with the request in hand may have read it, so if it cannot be reached the answer is 502.
+    /// An error once connected: see `upstream::failed_once_connected`.
     fn error_while_proxy(
         &self,
         peer: &HttpPeer,
@@ -313,15 +217,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
         client_reused: bool,
     ) -> Box<Error> {
-        let mut e = e.more_context(format!("Peer: {peer}"));
-        if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
-        {
-            e.set_retry(false);
-        } else {
-            e.retry.decide_reuse(client_reused);
-        }
-        ctx.reached_replica = true;
-        e
+        upstream::failed_once_connected(peer, session, e, ctx, client_reused)
     }
 
     async fn connected_to_upstream(
@@ -334,9 +230,7 @@ impl ProxyHttp for Gateway {
         _digest: Option<&pingora::protocols::Digest>,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let (Some(route), Some(chosen)) = (self.route(ctx), &ctx.replica) {
-            route.replicas.connected(chosen.index);
-        }
+        upstream::connected(self.route(ctx), ctx);
         Ok(())
     }
 
@@ -346,37 +240,9 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        let Some(route) = self.route(ctx) else {
-            return Error::e_explain(ErrorType::InternalError, "no route chosen");
-        };
-        let service = &route.settings;
-        // 5. Rewrite: the upstream's base path, then the remainder and query byte for byte.
-        let forward = &session.req_header().raw_path()[ctx.forward_from..];
-        let base_path = service.replicas[0].base_path.as_bytes();
-        if base_path.is_empty() {
-            upstream.set_raw_path(forward)?;
-        } else {
-            upstream.set_raw_path(&[base_path, forward].concat())?;
-        }
-        let client_ip = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip());
-        let client_tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
-        let Some(replica) = &ctx.replica else {
-            return Error::e_explain(ErrorType::InternalError, "no replica chosen");
-        };
-        headers::to_upstream(
-            upstream,
-            service,
-            route.replicas.host_header(replica.index),
-            client_ip,
-            client_tls,
-            ctx.request_id.as_str(),
-        )?;
-        if let Some(exchange) = &ctx.exchange {
-            exchange.frame_upstream(upstream)?;
-        }
+        rewrite::path(self.route(ctx), session, upstream, ctx)?;
+        rewrite::headers(self.route(ctx), session, upstream, ctx)?;
+        body::frame_upstream(upstream, ctx)?;
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
@@ -387,18 +253,7 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        ctx.upstream_ttfb = ctx.upstream_sent.map(|t| t.elapsed());
-        // 6. Stream: Pingora relays each chunk as it comes; we only note that it is a stream.
-        let event_stream = headers::is_event_stream(upstream_response);
-        if event_stream && !ctx.streaming {
-            ctx.streaming = true;
-            self.metrics.stream_started(self.service_label(ctx));
-        }
-        if let Some(exchange) = &mut ctx.exchange {
-            let client = session.req_header().version;
-            (exchange.metered).response_started(upstream_response, event_stream, client)?;
-        }
-        Ok(())
+        respond::head(self, session, upstream_response, ctx)
     }
 
     fn upstream_response_body_filter(
@@ -408,18 +263,8 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Duration>> {
-        // Usage is read from the bytes as they pass; the chunk goes on at once, untouched
-        // but for what the gateway's own `include_usage` added.
-        if let Some(exchange) = &mut ctx.exchange {
-            exchange.metered.response_chunk(body, end_of_stream);
-        }
-        // The replica is done with this request: before the client has the last byte, so its
-        // next request already sees the replica free.
-        if end_of_stream {
-            if let Some(chosen) = &mut ctx.replica {
-                chosen.release();
-            }
-        }
+        respond::chunk(body, end_of_stream, ctx);
+        upstream::release_at_end(end_of_stream, ctx);
         Ok(None)
     }
 
@@ -429,11 +274,8 @@ impl ProxyHttp for Gateway {
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        // 7. Clean the response; a budgeted caller learns what its budget has left.
-        if let Some(reservation) = &ctx.budget {
-            budgeted::quota_headers(response, &reservation.quota)?;
-        }
-        headers::to_client(response, ctx.request_id.as_str())
+        budget::quota_headers(response, ctx)?;
+        respond::clean(response, ctx)
     }
 
     async fn fail_to_proxy(
@@ -442,86 +284,28 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        if let Some(kind) = local::upstream_error_kind(e) {
-            self.metrics.upstream_error(self.service_label(ctx), kind);
-        }
-        local::failed(session, e, ctx).await
+        record::upstream_error(self, e, ctx);
+        answers::failed(session, e, ctx).await
     }
 
-    /// What Pingora's own log lines (e.g. `Fail to proxy`) say about the request: method, path
-    /// without its query (which may carry anything, keys included) and our request id; never
-    /// a header, token or body.
     fn request_summary(&self, session: &Session, ctx: &RequestCtx) -> String {
-        let req = session.req_header();
-        format!(
-            "{} {:?} request_id={}",
-            req.method,
-            access_log::path_only(req.raw_path()),
-            ctx.request_id.as_str()
-        )
+        record::summary(session, ctx)
     }
 
     fn tail_after_client_left(&self, _session: &Session, ctx: &RequestCtx) -> Option<Duration> {
-        // 6b. The client left before the usage report: read on for it (metered answers only).
-        ctx.exchange
-            .as_ref()
-            .and_then(|x| x.metered.usage_pending().then_some(self.tail?))
+        respond::tail(self.tail, ctx)
     }
 
     fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
-        // A client that goes away mid-stream is normal for chat UIs, not an error.
-        e.esource() == &ErrorSource::Downstream
-            && matches!(
-                e.etype(),
-                ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed
-            )
+        record::is_client_gone(e)
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
-        // 8. Record: metrics, then the access log (queued for its writer thread, never waited on).
-        let status = session
-            .response_written()
-            .map(|r| r.status.as_u16())
-            .or(ctx.local_status)
-            .unwrap_or(0);
-        let handles = self.service_metrics(ctx);
-        let service = handles.service();
-        if ctx.streaming {
-            self.metrics.stream_ended(service);
-        }
-        if let Some(exchange) = &mut ctx.exchange {
-            let metered = &mut exchange.metered;
-            if let Some(reason) = metered.settle(status, e.is_some()) {
-                self.metrics.usage_unread(service, reason);
-            }
-            if let Some(charged) = metered.charged() {
-                self.metrics.tokens(handles, &charged.usage);
-            }
-        }
-        if let Some(charge) = record::charge(ctx, service, status) {
-            self.meter.record(&charge);
-        }
-        self.settle_budget(ctx).await;
-        self.metrics.record_for(
-            handles,
-            &session.req_header().method,
-            status,
-            ctx.start.elapsed(),
-            ctx.upstream_ttfb,
-            ctx.auth_failure,
-        );
-        let affinity = ctx.replica.as_ref().and_then(|c| c.affinity);
-        if let (Some(route), Some(result)) = (self.route(ctx), affinity) {
-            route.replicas.count_affinity(result);
-        }
-        if self.access_log.enabled() {
-            let replica = (self.route(ctx))
-                .zip(ctx.replica.as_ref())
-                .map(|(route, chosen)| route.replicas.label(chosen.index));
-            let line = record::access_line(session, ctx, service, status, replica);
-            if !self.access_log.send(line) {
-                self.metrics.access_log_dropped();
-            }
-        }
+        let status = record::status(session, ctx);
+        record::settle_usage(self, status, e, ctx);
+        record::charge_ledger(self, status, ctx);
+        budget::settle(self, ctx).await;
+        record::metrics(self, session, status, ctx);
+        record::access_log(self, session, status, ctx);
     }
 }

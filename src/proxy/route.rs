@@ -1,17 +1,16 @@
-//! One registered service as the request path uses it, built once at start-up: its settings,
-//! its replicas, its rate limit and its metric handles, side by side.
+//! Step 3, route: the registered service the path names (404 for any other), as the request
+//! path uses it, built once at start-up: its settings, its replicas, its rate limit and its
+//! metric handles, side by side.
 
 use std::sync::Arc;
 
-use pingora::http::RequestHeader;
-use pingora::upstreams::peer::HttpPeer;
-
-use super::{exchange, headers, Gateway, RequestCtx};
+use super::RequestCtx;
 use crate::api::Models;
 use crate::config::{Config, ServiceConfig};
+use crate::errors::GatewayError;
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::rate_limit::{Backend, Limit};
-use crate::replicas::{Chosen, Replicas};
+use crate::replicas::Replicas;
 
 pub(crate) struct Route {
     pub settings: ServiceConfig,
@@ -63,61 +62,15 @@ impl RouteId {
     }
 }
 
-/// Lookups the request flow makes of the routed service.
-impl Gateway {
-    /// The service the request was routed to, once routed and authorised.
-    pub(super) fn route(&self, ctx: &RequestCtx) -> Option<&Route> {
-        ctx.route.map(|id| &self.routes[id.index()])
-    }
-
-    /// The model policy of the routed service, on a service with an `api`.
-    pub(super) fn models(&self, route: Option<RouteId>) -> Option<&Models> {
-        route.and_then(|id| self.routes[id.index()].models())
-    }
-
-    /// The metric handles of `service_label`.
-    pub(super) fn service_metrics(&self, ctx: &RequestCtx) -> &ServiceMetrics {
-        match self.route(ctx) {
-            Some(route) => &route.metrics,
-            None if ctx.health => &self.local_metrics,
-            None => &self.unknown_metrics,
-        }
-    }
-
-    /// A bounded metric label: a registered service, `_local` or `_unknown`.
-    pub(super) fn service_label(&self, ctx: &RequestCtx) -> &str {
-        self.service_metrics(ctx).service()
-    }
-}
-
-/// The replica of the request's next attempt: the same one again once the request may have
-/// reached it (never replayed elsewhere), else a choice, by affinity key on a
-/// `prefix_affinity` service.
-pub(super) fn choose(
-    replicas: &Arc<Replicas>,
-    req: &RequestHeader,
-    ctx: &RequestCtx,
-) -> Option<(Chosen, HttpPeer)> {
-    match (ctx.reached_replica, &ctx.replica) {
-        (true, Some(same)) => {
-            let affinity = same.affinity;
-            replicas.again(same.index).map(|(mut c, peer)| {
-                c.affinity = affinity;
-                (c, peer)
-            })
-        }
-        _ if replicas.keyed() => {
-            let key = affinity_key(req, ctx.exchange.as_deref());
-            replicas.choose_for(ctx.tried, key)
-        }
-        _ => replicas.choose(ctx.tried),
-    }
-}
-
-/// A request's affinity key: its `X-Session-Id`, else the start of a body already read.
-fn affinity_key(req: &RequestHeader, exchange: Option<&exchange::Exchange>) -> Option<u64> {
-    match req.headers.get(&headers::X_SESSION_ID) {
-        Some(id) if !id.is_empty() => Some(crate::api::affinity_session_key(id.as_bytes())),
-        _ => exchange.and_then(|x| x.affinity_key),
-    }
+/// The route of `service`, noted in `ctx`.
+pub(super) fn find<'g>(
+    routes: &'g [Route],
+    service: Option<&[u8]>,
+    ctx: &mut RequestCtx,
+) -> Result<&'g Route, GatewayError> {
+    let index = service
+        .and_then(|name| (routes.iter()).position(|r| r.settings.name.as_bytes() == name))
+        .ok_or(GatewayError::NotFound)?;
+    ctx.route = Some(RouteId::new(index));
+    Ok(&routes[index])
 }

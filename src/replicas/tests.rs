@@ -18,7 +18,7 @@ fn replicas(extra: &str, n: usize) -> Arc<Replicas> {
     let config = Config::parse(Path::new("t.toml"), &text, |_| None).unwrap();
     let service = &config.services[0];
     Arc::new(Replicas::new(service, &Metrics::new(), &|up, a| {
-        crate::proxy::upstream::peer_for(service, up, a)
+        crate::proxy::peer_for(service, up, a)
     }))
 }
 

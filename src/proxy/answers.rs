@@ -7,8 +7,9 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::{FailToProxy, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
-use super::budgeted::{quota_headers, BudgetStop};
-use super::{unmetered, RequestCtx};
+use super::budget::{write_quota, BudgetStop};
+use super::RequestCtx;
+use crate::api;
 use crate::errors::{write_local, GatewayError};
 
 pub(crate) async fn health(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
@@ -40,11 +41,12 @@ pub(crate) async fn reject(
     }
     let head_only = session.req_header().method == Method::HEAD;
     ctx.local_status = Some(e.status());
-    let not_metered = (e == GatewayError::EndpointNotMetered && ctx.exchange.is_none())
-        .then(|| unmetered::refusal_message(&session.req_header().raw_path()[ctx.forward_from..]));
+    let forward = &session.req_header().raw_path()[ctx.forward_from..];
+    let not_metered = (e == GatewayError::EndpointNotMetered && ctx.body.is_none())
+        .then(|| api::unmetered_refusal(forward));
     let message = match &not_metered {
         Some(m) => Some(m.as_str()),
-        None => (ctx.exchange.as_ref().and_then(|x| x.error.as_ref())).map(|m| m.message()),
+        None => refused_body(ctx),
     };
     e.respond_with_message(session, ctx.request_id.as_str(), head_only, message)
         .await?;
@@ -78,7 +80,7 @@ pub(crate) async fn over_budget(
         if refusal.retry_after > 60 {
             h.insert_header("x-should-retry", "false")?;
         }
-        quota_headers(h, &refusal.quota)
+        write_quota(h, &refusal.quota)
     })
     .await?;
     Ok(true)
@@ -102,8 +104,7 @@ pub(crate) async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCt
             can_reuse_downstream: false,
         };
     }
-    let refused_body = ctx.exchange.as_ref().and_then(|x| x.error.as_ref());
-    let error = (ctx.exchange.as_ref().and_then(|x| x.failure(e)))
+    let error = (ctx.body.as_ref().and_then(|b| b.failure(e)))
         .or_else(|| GatewayError::from_proxy_error(e));
     let Some(error) = error else {
         return FailToProxy {
@@ -124,7 +125,7 @@ pub(crate) async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCt
     // Once a response has started, all that can be done is to cut it.
     if session.response_written().is_none() {
         let head_only = session.req_header().method == Method::HEAD;
-        let message = refused_body.map(|m| m.message());
+        let message = refused_body(ctx);
         if let Err(write_err) = error
             .respond_with_message(session, ctx.request_id.as_str(), head_only, message)
             .await
@@ -149,4 +150,9 @@ pub(crate) fn upstream_error_kind(e: &Error) -> Option<&'static str> {
         _ if e.esource() == &ErrorSource::Upstream => Some("invalid"),
         _ => None,
     }
+}
+
+/// Why the call's body was refused, told to the client.
+fn refused_body(ctx: &RequestCtx) -> Option<&str> {
+    ctx.exchange()?.refusal().map(|(_, e)| e.message())
 }

@@ -1,7 +1,7 @@
-//! The request-flow side of services with an `api`: reading the body of an endpoint the
-//! gateway reads (chat, completions, embeddings, Responses, Messages), validating it and
-//! applying the model policy before anything reaches the upstream, then metering the response
-//! as it streams past (`metered.rs`).
+//! Step 5, the body: on an endpoint the gateway reads (`api::Endpoint`), the body is read
+//! whole and handed to the call's `api::Exchange`, which checks it and plans the model
+//! policy's edit, before anything reaches the upstream. This module is the Pingora side of
+//! that: how the bytes are got, held, bounded and swapped.
 //!
 //! Pingora 0.9 writes the upstream request head before `request_body_filter` ever runs, so
 //! a body whose length changes cannot fix its Content-Length there. Two ways through:
@@ -33,14 +33,16 @@ use pingora::http::RequestHeader;
 use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
-use super::budget::{Budget, Reservation};
-use super::held::Held;
-use super::metered::Metered;
-use crate::access_log;
-use crate::api::{self, BodyError, CapRule, Edit, Endpoint, Models};
+use super::{budget, Gateway, RequestCtx, Stop};
+use crate::api::{self, CapRule, Endpoint, Exchange, Models};
 use crate::auth::Principal;
 use crate::config::BufferLimits;
 use crate::errors::GatewayError;
+use held::Held;
+use pool::{Claim, MemoryPool};
+
+mod held;
+mod pool;
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT` in pingora-core): a body read ahead is only
 /// replayed to the upstream if it fits.
@@ -49,7 +51,7 @@ pub(crate) const READ_AHEAD_MAX: u64 = 64 * 1024;
 /// The bounds on bodies read whole, from `[server]`.
 pub(crate) struct Buffering {
     /// `buffered_bodies_max_bytes`, shared by every request.
-    budget: Arc<Budget>,
+    pool: Arc<MemoryPool>,
     /// `max_buffered_body_bytes`.
     max_body: u64,
     /// `buffered_body_timeout_seconds`.
@@ -59,39 +61,24 @@ pub(crate) struct Buffering {
 impl Buffering {
     pub(crate) fn new(limits: &BufferLimits) -> Buffering {
         Buffering {
-            budget: Budget::with_caller_limit(limits.total, limits.per_caller),
+            pool: MemoryPool::with_caller_limit(limits.total, limits.per_caller),
             max_body: limits.max_body,
             timeout: limits.timeout,
         }
     }
 }
 
-/// What one exchange on an endpoint the gateway reads carries.
-pub(crate) struct Exchange {
-    pub endpoint: Endpoint,
-    body: Body,
-    /// The model after the policy, as the access log shows it (cut to 256 bytes).
-    pub model: Option<String>,
-    /// Set when the body was refused; told to the client in the 400 (or 403).
-    pub error: Option<BodyError>,
-    /// How a refused body is answered: 400, or 403 for a background Responses request.
-    refused_as: GatewayError,
-    /// The response's usage, read as it passes.
-    pub metered: Metered,
-    /// What the budgets need once the body is checked: its size, and the completion tokens
-    /// it may use as it states them.
-    pub ask: Option<(u64, Option<u64>)>,
-    /// With `balance = "prefix_affinity"`: the hash of the conversation's start
-    /// (`replicas::prefix`), from a body read ahead or the first bytes of a held one.
-    pub affinity_key: Option<u64>,
+/// A call on an endpoint the gateway reads: the API's side of it, and its body as Pingora
+/// moves it.
+pub(crate) struct Body {
+    pub(crate) exchange: Exchange,
+    state: State,
     /// The memory of a body read ahead: Pingora keeps the client's bytes in its retry buffer
     /// until the request ends, so this is held as long.
-    reserved: Option<Reservation>,
-    /// The caller has a token budget: a body stating no completion cap gets the budgets' one.
-    capped: bool,
+    reserved: Option<Claim>,
 }
 
-enum Body {
+enum State {
     /// Read ahead and unchanged: the retry buffer goes upstream as it is.
     Original,
     /// Read ahead and changed by the policy.
@@ -108,76 +95,144 @@ struct Deadline {
     per_read: Option<Duration>,
 }
 
-/// What `request_filter` does next.
-pub(crate) enum Next {
-    Proxy,
-    Refuse(GatewayError),
+/// The call, once its body is read ahead and checked (or arranged to be held); `Err`: the
+/// gateway's answer instead (`Body` kept for the refusal's message), or Pingora's error.
+type Begun = Result<Box<Body>, (Option<Box<Body>>, Refused)>;
+
+/// Why a call does not go on.
+enum Refused {
+    Answer(GatewayError),
+    Failed(Box<Error>),
 }
 
-impl Exchange {
-    /// Reads the body ahead when it is small enough to be replayed, else arranges to hold it.
-    /// `keyed`: the service balances by affinity, so a chat or completions body gives its key.
-    pub(crate) async fn begin(
+/// What the body step needs of the request.
+struct Call<'a> {
+    endpoint: Endpoint,
+    models: &'a Models,
+    /// The completion cap the caller's token budget needs, if it has one.
+    cap: Option<&'a CapRule>,
+    caller: Option<&'a Arc<Principal>>,
+    /// The service balances by affinity: a generating call gives its key.
+    keyed: bool,
+}
+
+/// Step 5 on the request head: on an endpoint the gateway reads, the body is read ahead and
+/// checked, or arranged to be held until complete.
+pub(super) async fn read(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> Result<(), Stop> {
+    let (Some(endpoint), Some(models)) = (ctx.endpoint, gw.models(ctx)) else {
+        return Ok(());
+    };
+    let call = Call {
+        endpoint,
+        models,
+        cap: budget::cap_rule(gw, ctx),
+        caller: ctx.principal.as_ref(),
+        keyed: gw.route(ctx).is_some_and(|r| r.replicas.keyed()),
+    };
+    match begin(session, call, &gw.buffering).await {
+        Ok(body) => {
+            ctx.body = Some(body);
+            Ok(())
+        }
+        Err((body, Refused::Answer(e))) => {
+            ctx.body = body;
+            Err(Stop::Refused(e))
+        }
+        Err((_, Refused::Failed(e))) => Err(Stop::Failed(e)),
+    }
+}
+
+/// Step 5 on each chunk of the body: a changed body swapped in, a held one held until
+/// complete, then checked.
+pub(super) fn filter(
+    gw: &Gateway,
+    session: &mut Session,
+    chunk: &mut Option<Bytes>,
+    end_of_stream: bool,
+    ctx: &mut RequestCtx,
+) -> Result<()> {
+    let models = gw.models(ctx);
+    if let (Some(body), Some(models)) = (&mut ctx.body, models) {
+        let cap = gw.budgets.as_deref().map(crate::budgets::Budgets::cap_rule);
+        body.filter_body(session, chunk, end_of_stream, models, cap)?;
+    }
+    Ok(())
+}
+
+/// The framing of the body the upstream gets, and the codings its answer may come in.
+pub(super) fn frame_upstream(upstream: &mut RequestHeader, ctx: &RequestCtx) -> Result<()> {
+    match &ctx.body {
+        Some(body) => body.frame_upstream(upstream),
+        None => Ok(()),
+    }
+}
+
+/// Reads the body ahead when it is small enough to be replayed, else arranges to hold it.
+async fn begin(session: &mut Session, call: Call<'_>, bounds: &Buffering) -> Begun {
+    let mut body = Box::new(Body {
+        exchange: Exchange::new(call.endpoint, call.cap.is_some()),
+        state: State::Original,
+        reserved: None,
+    });
+    match body.begin(session, &call, bounds).await {
+        Ok(None) => Ok(body),
+        Ok(Some(e)) => Err((Some(body), Refused::Answer(e))),
+        Err(e) => Err((Some(body), Refused::Failed(e))),
+    }
+}
+
+impl Body {
+    /// `Ok(Some(e))`: refused with `e`.
+    async fn begin(
+        &mut self,
         session: &mut Session,
-        endpoint: Endpoint,
-        models: &Models,
-        cap: Option<&CapRule>,
-        caller: Option<&Arc<Principal>>,
+        call: &Call<'_>,
         bounds: &Buffering,
-        keyed: bool,
-    ) -> Result<(Exchange, Next)> {
-        let mut exchange = Exchange {
-            capped: cap.is_some(),
-            refused_as: GatewayError::InvalidBody,
-            endpoint,
-            body: Body::Original,
-            model: None,
-            error: None,
-            metered: Metered::default(),
-            ask: None,
-            affinity_key: None,
-            reserved: None,
-        };
-        let refuse = |exchange, e| Ok((exchange, Next::Refuse(e)));
+    ) -> Result<Option<GatewayError>> {
+        let (models, cap, caller) = (call.models, call.cap, call.caller);
         // Embeddings and token counts have no conversation to keep together: least_requests
         // places them. Chat, completions, Responses and Messages do.
-        let keyed = keyed && endpoint.generates();
+        let keyed = call.keyed && call.endpoint.generates();
         let declared = declared_length(session.req_header());
         if declared.is_some_and(|len| len > bounds.max_body) {
-            return refuse(exchange, GatewayError::PayloadTooLarge);
+            return Ok(Some(GatewayError::PayloadTooLarge));
         }
         let deadline = Deadline {
             at: Instant::now() + bounds.timeout,
             per_read: session.get_read_timeout(),
         };
+        let room = self.exchange.max_growth(models, cap);
         let Some(len) = declared.filter(|&len| len <= READ_AHEAD_MAX) else {
             let declared = declared.map(|len| len as usize);
             let max = bounds.max_body as usize;
-            let room = max_growth(endpoint, models, cap);
-            return match Held::new(&bounds.budget, caller, declared, max, room) {
+            return match Held::new(&bounds.pool, caller, declared, max, room) {
                 Ok(held) => {
-                    exchange.body = Body::Held(held, deadline);
+                    self.state = State::Held(held, deadline);
                     if keyed {
-                        match exchange.read_start(session, deadline, bounds, caller).await {
+                        match self.read_start(session, deadline, bounds, caller).await {
                             Ok(()) => {}
                             Err(e) if *e.etype() == ErrorType::ReadTimedout => {
-                                return refuse(exchange, GatewayError::RequestTimeout)
+                                return Ok(Some(GatewayError::RequestTimeout))
                             }
                             Err(e) => return Err(e),
                         }
-                        if exchange.reserved.is_none() {
-                            return refuse(exchange, GatewayError::Overloaded);
+                        if self.reserved.is_none() {
+                            return Ok(Some(GatewayError::Overloaded));
                         }
                     }
                     deadline.limit_next_read(session)?;
-                    Ok((exchange, Next::Proxy))
+                    Ok(None)
                 }
-                Err(e) => refuse(exchange, e),
+                Err(e) => Ok(Some(e)),
             };
         };
         // Pingora's retry-buffer copy, the copy read here, and the changed copy if the policy
         // can change a body; what is not kept is given back once the policy has run.
-        let growth = max_growth(endpoint, models, cap) as u64;
+        let growth = room as u64;
         let changed = if growth > 0 { len + growth } else { 0 };
         if expects_continue(session.req_header()) {
             // The client waits for this before sending the body we are about to read.
@@ -187,29 +242,34 @@ impl Exchange {
         let body = match read_ahead(session, len, deadline).await {
             Ok(body) => body,
             Err(e) if *e.etype() == ErrorType::ReadTimedout => {
-                return refuse(exchange, GatewayError::RequestTimeout)
+                return Ok(Some(GatewayError::RequestTimeout))
             }
             Err(e) => return Err(e),
         };
         // Reserved once the bytes are here, not from the declared length: a head that
         // declares a body and sends none holds nothing.
-        let Some(reserved) = bounds.budget.reserve(caller, 2 * len + changed) else {
-            return refuse(exchange, GatewayError::Overloaded);
+        let Some(reserved) = bounds.pool.reserve(caller, 2 * len + changed) else {
+            return Ok(Some(GatewayError::Overloaded));
         };
-        exchange.reserved = Some(reserved);
-        let next = exchange.apply(&body, models, cap);
-        if keyed && matches!(next, Next::Proxy) {
-            // The client's bytes, before the policy's edit: what every turn sends alike.
-            exchange.affinity_key = api::affinity_body_key(&body);
+        self.reserved = Some(reserved);
+        let Some(edit) = self.exchange.plan(&body, models, cap) else {
+            return Ok(self.exchange.refusal().map(|(as_, _)| as_));
+        };
+        if let Some(edit) = edit {
+            self.state = State::Replaced(Bytes::from(edit.applied_to(&body)));
         }
-        let kept = match &exchange.body {
-            Body::Replaced(changed) => len + changed.len() as u64,
+        if keyed {
+            // The client's bytes, before the policy's edit: what every turn sends alike.
+            self.exchange.affinity_key = api::affinity_body_key(&body);
+        }
+        let kept = match &self.state {
+            State::Replaced(changed) => len + changed.len() as u64,
             _ => len,
         };
-        if let Some(reserved) = &mut exchange.reserved {
+        if let Some(reserved) = &mut self.reserved {
             reserved.shrink_to(kept);
         }
-        Ok((exchange, next))
+        Ok(None)
     }
 
     /// A held body's affinity key, before the replica is chosen: its first bytes (as many as
@@ -224,7 +284,7 @@ impl Exchange {
         bounds: &Buffering,
         caller: Option<&Arc<Principal>>,
     ) -> Result<()> {
-        let Some(reserved) = bounds.budget.reserve(caller, READ_AHEAD_MAX) else {
+        let Some(reserved) = bounds.pool.reserve(caller, READ_AHEAD_MAX) else {
             return Ok(());
         };
         self.reserved = Some(reserved);
@@ -250,66 +310,20 @@ impl Exchange {
             // Pingora would send no body at all: refuse rather than forward an empty one.
             return Error::e_explain(ErrorType::HTTPStatus(503), "retry buffer overflowed");
         }
-        self.affinity_key = api::affinity_body_key(&start);
+        self.exchange.affinity_key = api::affinity_body_key(&start);
         Ok(())
     }
 
-    /// Applies the policy to a body read ahead: a changed body is a new copy.
-    fn apply(&mut self, body: &[u8], models: &Models, cap: Option<&CapRule>) -> Next {
-        let Some(edit) = self.plan(body, models, cap) else {
-            return Next::Refuse(self.refused_as);
-        };
-        if let Some(edit) = edit {
-            self.body = Body::Replaced(Bytes::from(edit.applied_to(body)));
-        }
-        Next::Proxy
-    }
-
-    /// Checks a complete body and keeps its model: the edit the policy makes, if any, or
-    /// None when the body is refused (the reason kept for the 400).
-    fn plan<'m>(
-        &mut self,
-        body: &[u8],
-        models: &'m Models,
-        cap: Option<&'m CapRule>,
-    ) -> Option<Option<Edit<'m>>> {
-        let cap = cap.filter(|_| self.capped);
-        match api::plan_capped(self.endpoint, body, models, cap) {
-            // Generated server-side and fetched by calls the gateway does not meter.
-            Ok(plan) if plan.background && self.capped => {
-                self.refused_as = GatewayError::EndpointNotMetered;
-                self.error = Some(BodyError::new(
-                    "a background response is not metered by the gateway, and this caller has \
-                     a token budget: send it without \"background\": true"
-                        .into(),
-                ));
-                None
-            }
-            Ok(plan) => {
-                // The access log is the name's only reader: only what it shows is copied.
-                self.model = plan.model.map(|m| access_log::model_name(&m).to_owned());
-                let usage_at = self.endpoint.spec().usage;
-                (self.metered).request_read(body.len(), plan.usage.is_some(), usage_at);
-                self.ask = Some((body.len() as u64, plan.completion_cap));
-                Some(Edit::merge(plan.edit, plan.usage))
-            }
-            Err(e) => {
-                self.error = Some(e);
-                None
-            }
-        }
-    }
-
     /// Framing for the body the upstream will get, and the codings it may answer in.
-    pub(crate) fn frame_upstream(&self, upstream: &mut RequestHeader) -> Result<()> {
-        self.metered.limit_codings(upstream)?;
-        match &self.body {
-            Body::Original => {}
-            Body::Replaced(body) => {
+    fn frame_upstream(&self, upstream: &mut RequestHeader) -> Result<()> {
+        self.exchange.upstream_head(upstream)?;
+        match &self.state {
+            State::Original => {}
+            State::Replaced(body) => {
                 upstream.insert_header(http::header::CONTENT_LENGTH, body.len())?;
             }
             // Without a length Pingora frames the body chunked.
-            Body::Held(..) => {
+            State::Held(..) => {
                 upstream.remove_header(&http::header::CONTENT_LENGTH);
             }
         }
@@ -317,7 +331,7 @@ impl Exchange {
     }
 
     /// Swaps in the changed body, or holds the body back until it is complete.
-    pub(crate) fn filter_body(
+    fn filter_body(
         &mut self,
         session: &mut Session,
         body: &mut Option<Bytes>,
@@ -325,16 +339,16 @@ impl Exchange {
         models: &Models,
         cap: Option<&CapRule>,
     ) -> Result<()> {
-        let (held, deadline) = match &mut self.body {
-            Body::Original => return Ok(()),
-            Body::Replaced(replacement) => {
+        let (held, deadline) = match &mut self.state {
+            State::Original => return Ok(()),
+            State::Replaced(replacement) => {
                 // Pingora replays the retry buffer (the client's bytes) in one piece.
                 if body.is_some() || end_of_stream {
                     *body = Some(replacement.clone());
                 }
                 return Ok(());
             }
-            Body::Held(held, deadline) => (held, *deadline),
+            State::Held(held, deadline) => (held, *deadline),
         };
         if let Some(chunk) = body.as_ref() {
             held.push(chunk).or_else(refused)?;
@@ -345,10 +359,10 @@ impl Exchange {
             *body = Some(Bytes::new());
             return Ok(());
         }
-        let Body::Held(mut held, _) = std::mem::replace(&mut self.body, Body::Original) else {
+        let State::Held(mut held, _) = std::mem::replace(&mut self.state, State::Original) else {
             unreachable!("matched as held above");
         };
-        let Some(edit) = self.plan(held.bytes(), models, cap) else {
+        let Some(edit) = self.exchange.plan(held.bytes(), models, cap) else {
             return Error::e_explain(ErrorType::HTTPStatus(400), "request body refused");
         };
         if let Some(edit) = edit {
@@ -361,12 +375,12 @@ impl Exchange {
     /// The gateway's own answer to a failure while this exchange was under way, if it has
     /// one: the 400 of a refused body, or the 408 of a held body that did not arrive in time.
     pub(crate) fn failure(&self, e: &Error) -> Option<GatewayError> {
-        if self.error.is_some() {
-            return Some(self.refused_as);
+        if let Some((refused_as, _)) = self.exchange.refusal() {
+            return Some(refused_as);
         }
         let client_too_slow =
             *e.etype() == ErrorType::ReadTimedout && *e.esource() == ErrorSource::Downstream;
-        (client_too_slow && matches!(self.body, Body::Held(..)))
+        (client_too_slow && matches!(self.state, State::Held(..)))
             .then_some(GatewayError::RequestTimeout)
     }
 }
@@ -405,17 +419,7 @@ async fn read_ahead(session: &mut Session, len: u64, deadline: Deadline) -> Resu
     }
 }
 
-/// The most bytes the gateway may add to a body of `endpoint`: the model policy's edit, and
-/// `stream_options` on the endpoints that stream.
-fn max_growth(endpoint: Endpoint, models: &Models, cap: Option<&CapRule>) -> usize {
-    let usage = match endpoint.spec().usage_on_request {
-        true => api::USAGE_MAX_GROWTH,
-        false => 0,
-    };
-    models.max_growth() + usage + cap.map_or(0, CapRule::max_growth)
-}
-
-/// A held body that cannot grow, as the error that ends the proxy attempt (`local::failed`
+/// A held body that cannot grow, as the error that ends the proxy attempt (`answers::failed`
 /// answers it).
 fn refused(e: GatewayError) -> Result<()> {
     Error::e_explain(

@@ -1,8 +1,9 @@
-//! Step 4a, no free generation: on an `api` service, a caller with a token budget may call
-//! only what the gateway meters (the endpoints whose bodies it reads), the model lists, and
-//! the paths the service lists in `unmetered_paths`. Anything else could generate tokens the
-//! budget never sees (`/batches`, vLLM's `/invocations`, a Responses result fetched later), so
-//! it is refused with `403 endpoint_not_metered` naming the path.
+//! No free generation (checked in the proxy's step 4, authorise): on an `api` service, a
+//! caller with a token budget may call only what the gateway meters (the endpoints whose
+//! bodies it reads), the model lists, and the paths the service lists in `unmetered_paths`.
+//! Anything else could generate tokens the budget never sees (`/batches`, vLLM's
+//! `/invocations`, a Responses result fetched later), so it is refused with
+//! `403 endpoint_not_metered` naming the path.
 
 use http::Method;
 

@@ -1,0 +1,191 @@
+//! One call on an endpoint the gateway reads, from the API's side: the proxy hands it each
+//! phase in turn, in the manner of Pingora's `HttpModule` filters, and it knows what the
+//! phase means for the endpoint's dialect.
+//!
+//! - the request body, complete (`plan`): checked, the model policy's edit planned, what the
+//!   budget needs noted;
+//! - the upstream's request head (`upstream_head`): the codings its answer may come in;
+//! - the response head (`response_head`) and each chunk (`response_chunk`): usage read on the
+//!   side, and the usage the gateway asked for taken out of the client's stream;
+//! - the end (`settle`): what the call is charged.
+
+mod metered;
+
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::Result;
+
+pub(crate) use metered::Charged;
+use metered::Metered;
+
+use super::{plan_capped, BodyError, CapRule, Edit, Endpoint, Models, USAGE_MAX_GROWTH};
+use crate::errors::GatewayError;
+
+pub(crate) struct Exchange {
+    endpoint: Endpoint,
+    /// The model after the policy, as the ledger and the access log keep it.
+    model: Option<String>,
+    /// Set when the body was refused; told to the client in the 400 (or 403).
+    error: Option<BodyError>,
+    /// How a refused body is answered: 400, or 403 for a background Responses request.
+    refused_as: GatewayError,
+    /// The response's usage, read as it passes.
+    metered: Metered,
+    /// What the budgets need once the body is checked: its size, and the completion tokens
+    /// it may use as it states them.
+    ask: Option<(u64, Option<u64>)>,
+    /// With `balance = "prefix_affinity"`: the hash of the conversation's start.
+    pub(crate) affinity_key: Option<u64>,
+    /// The caller has a token budget: a body stating no completion cap gets the budgets' one.
+    capped: bool,
+}
+
+impl Exchange {
+    /// A call on `endpoint`; `capped`: by a caller with a token budget.
+    pub(crate) fn new(endpoint: Endpoint, capped: bool) -> Exchange {
+        Exchange {
+            endpoint,
+            model: None,
+            error: None,
+            refused_as: GatewayError::InvalidBody,
+            metered: Metered::default(),
+            ask: None,
+            affinity_key: None,
+            capped,
+        }
+    }
+
+    /// The most bytes the gateway may add to a body of this endpoint: the model policy's
+    /// edit, `stream_options` on the endpoints that report usage on request, a budget's cap.
+    pub(crate) fn max_growth(&self, models: &Models, cap: Option<&CapRule>) -> usize {
+        let usage = match self.endpoint.spec().usage_on_request {
+            true => USAGE_MAX_GROWTH,
+            false => 0,
+        };
+        models.max_growth() + usage + cap.map_or(0, CapRule::max_growth)
+    }
+
+    /// The request body, complete: checks it and keeps its model. The edit the policy
+    /// makes, if any, or None when the body is refused (the reason kept for the answer).
+    pub(crate) fn plan<'m>(
+        &mut self,
+        body: &[u8],
+        models: &'m Models,
+        cap: Option<&'m CapRule>,
+    ) -> Option<Option<Edit<'m>>> {
+        let cap = cap.filter(|_| self.capped);
+        match plan_capped(self.endpoint, body, models, cap) {
+            // Generated server-side and fetched by calls the gateway does not meter.
+            Ok(plan) if plan.background && self.capped => {
+                self.refused_as = GatewayError::EndpointNotMetered;
+                self.error = Some(BodyError::new(
+                    "a background response is not metered by the gateway, and this caller has \
+                     a token budget: send it without \"background\": true"
+                        .into(),
+                ));
+                None
+            }
+            Ok(plan) => {
+                // The access log is the name's only reader: only what it shows is copied.
+                self.model = plan.model.map(|m| kept_model(&m).to_owned());
+                let usage_at = self.endpoint.spec().usage;
+                (self.metered).request_read(body.len(), plan.usage.is_some(), usage_at);
+                self.ask = Some((body.len() as u64, plan.completion_cap));
+                Some(Edit::merge(plan.edit, plan.usage))
+            }
+            Err(e) => {
+                self.error = Some(e);
+                None
+            }
+        }
+    }
+
+    /// What the budgets need once the body is checked: its size and its completion cap.
+    pub(crate) fn ask(&self) -> Option<(u64, Option<u64>)> {
+        self.ask
+    }
+
+    /// A budgeted call's worst case: what a successful answer whose usage goes unread is
+    /// charged.
+    pub(crate) fn charge_if_unread(&mut self, prompt: u64, completion: u64) {
+        self.metered.charge_if_unread(prompt, completion);
+    }
+
+    /// The model after the policy, as the access log shows it.
+    pub(crate) fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    /// Why the body was refused, and how that is answered.
+    pub(crate) fn refusal(&self) -> Option<(GatewayError, &BodyError)> {
+        self.error.as_ref().map(|e| (self.refused_as, e))
+    }
+
+    /// The upstream's request head: the codings its answer may come in.
+    pub(crate) fn upstream_head(&self, upstream: &mut RequestHeader) -> Result<()> {
+        self.metered.limit_codings(upstream)
+    }
+
+    /// The response head, as the upstream sent it; `client`: the client's HTTP version.
+    pub(crate) fn response_head(
+        &mut self,
+        response: &mut ResponseHeader,
+        event_stream: bool,
+        client: http::Version,
+    ) -> Result<()> {
+        self.metered
+            .response_started(response, event_stream, client)
+    }
+
+    /// Each chunk of the answer, as it passes.
+    pub(crate) fn response_chunk(&mut self, body: &mut Option<bytes::Bytes>, end: bool) {
+        self.metered.response_chunk(body, end);
+    }
+
+    /// The call is over: settles its charge (`status` as sent, `cut` when it ended in an
+    /// error). `Some(reason)` when its usage went unread.
+    pub(crate) fn settle(&mut self, status: u16, cut: bool) -> Option<&'static str> {
+        self.metered.settle(status, cut)
+    }
+
+    /// The answer is metered and its usage has not come yet.
+    pub(crate) fn usage_pending(&self) -> bool {
+        self.metered.usage_pending()
+    }
+
+    /// What the call was charged, once settled.
+    pub(crate) fn charged(&self) -> Option<&Charged> {
+        self.metered.charged()
+    }
+}
+
+/// The most bytes of a model name the ledger and the access log keep.
+const MAX_MODEL: usize = 256;
+
+/// A model name as the gateway keeps it: at most 256 bytes, cut on a character boundary.
+fn kept_model(name: &str) -> &str {
+    if name.len() <= MAX_MODEL {
+        return name;
+    }
+    let mut end = MAX_MODEL;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kept_model as model_name;
+
+    #[test]
+    fn model_names_are_cut_to_256_bytes_on_a_character_boundary() {
+        assert_eq!(model_name("gpt-4o"), "gpt-4o");
+        assert_eq!(model_name(&"m".repeat(5 << 20)), "m".repeat(256));
+        // 3-byte characters: 85 of them fit, the 86th would end at byte 258.
+        assert_eq!(model_name(&"€".repeat(1000)), "€".repeat(85));
+        assert_eq!(
+            model_name(&format!("{}é", "a".repeat(255))),
+            "a".repeat(255)
+        );
+    }
+}

@@ -1,0 +1,44 @@
+//! Step 4, authorise: the caller may call the service (its scope, its rate limit, the size
+//! its body declares), and on an `api` service a caller with a token budget calls only what
+//! the gateway meters (`api::unmetered_allowed`).
+
+use pingora::http::RequestHeader;
+
+use super::route::Route;
+use super::{validate, RequestCtx};
+use crate::api::{self, Endpoint};
+use crate::auth::Principal;
+use crate::budgets::Budgets;
+use crate::errors::GatewayError;
+
+pub(super) async fn call(
+    route: &Route,
+    principal: &Principal,
+    req: &RequestHeader,
+    forward: &[u8],
+    max_body: u64,
+    budgets: Option<&Budgets>,
+    ctx: &mut RequestCtx,
+) -> Result<(), GatewayError> {
+    let settings = &route.settings;
+    if !principal.has_scope(&settings.scope) {
+        return Err(GatewayError::Forbidden);
+    }
+    // Per process, or per fleet through Redis (`[rate_limits] redis`).
+    if let Err(retry_after) = route.limit.check(principal).await {
+        return Err(GatewayError::RateLimited(retry_after));
+    }
+    validate::declared_size(req, max_body)?;
+    ctx.budget_class = budgets.and_then(|b| b.class_of(principal));
+    let endpoint = (route.models()).and_then(|m| Endpoint::of(m.api(), &req.method, forward));
+    ctx.endpoint = endpoint;
+    // No free generation: a caller with a token budget generates nothing the meter misses.
+    if settings.models.is_some()
+        && endpoint.is_none()
+        && ctx.budget_class == Some(true)
+        && !api::unmetered_allowed(&settings.unmetered_paths, &req.method, forward)
+    {
+        return Err(GatewayError::EndpointNotMetered);
+    }
+    Ok(())
+}
