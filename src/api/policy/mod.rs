@@ -8,6 +8,8 @@
 #[cfg(test)]
 mod agent_tests;
 #[cfg(test)]
+mod edit_model_tests;
+#[cfg(test)]
 mod edit_tests;
 mod include_usage;
 #[cfg(test)]
