@@ -18,6 +18,29 @@ pub enum Api {
     Anthropic,
 }
 
+impl Api {
+    /// Each API by its name in the config (`api = "…"`).
+    const NAMES: [(&'static str, Api); 2] =
+        [("openai", Api::OpenAi), ("anthropic", Api::Anthropic)];
+
+    /// The API a config names.
+    pub(crate) fn named(name: &str) -> Option<Api> {
+        Api::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, api)| api)
+    }
+
+    /// The config names, each as `template` writes it (`{}` standing for the name), joined by
+    /// `joiner`: for messages.
+    pub(crate) fn listed(template: &str, joiner: &str) -> String {
+        let names: Vec<String> = (Api::NAMES.iter())
+            .map(|(name, _)| template.replace("{}", name))
+            .collect();
+        names.join(joiner)
+    }
+}
+
 /// The requests whose bodies the gateway reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Endpoint {

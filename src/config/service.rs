@@ -160,25 +160,25 @@ impl Validator<'_> {
         let api = match api {
             None => {
                 if models.is_some() {
-                    self.problem(
-                        &format!("{key}.models"),
-                        "needs `api = \"openai\"` or `api = \"anthropic\"`",
-                    );
+                    let needs = Api::listed("`api = \"{}\"`", " or ");
+                    self.problem(&format!("{key}.models"), format!("needs {needs}"));
                 }
                 return None;
             }
-            Some("openai") => Api::OpenAi,
-            Some("anthropic") => Api::Anthropic,
-            Some(other) => {
-                self.problem(
-                    &format!("{key}.api"),
-                    format!(
-                        "`{}` is not a known API: the ones supported are `openai` and `anthropic`",
-                        one_line(other)
-                    ),
-                );
-                return None;
-            }
+            Some(name) => match Api::named(name) {
+                Some(api) => api,
+                None => {
+                    self.problem(
+                        &format!("{key}.api"),
+                        format!(
+                            "`{}` is not a known API: the ones supported are {}",
+                            one_line(name),
+                            Api::listed("`{}`", " and ")
+                        ),
+                    );
+                    return None;
+                }
+            },
         };
         let models = models.unwrap_or(file::Models {
             default: None,
