@@ -13,7 +13,7 @@ exactly `N passed, N failed`. The gateway enforces budgets ([budgets]); the budg
 
 Run through scripts/sdk-tests.sh, which installs the SDKs; by hand:
     .venv/bin/python tests/sdk/run.py [--bin target/debug/portcullis]
-        [--upstream target/debug/fake-upstream] [--keep]
+        [--upstream target/debug/fake-upstream] [--config-bin target/debug/gateway-config] [--keep]
 Exits 0 only when every check passed. Child processes are always stopped.
 """
 import argparse
@@ -45,9 +45,10 @@ import requests
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (  # noqa: E402  (tests/harness.py)
     CheckFailed, Child, Results, expect, expect_eq, finish, free_port, tail)
+import gateway_config  # noqa: E402  (tests/gateway_config.py)
 from metering import METRICS_WAIT, metering_checks, settled_token_counts, token_counts  # noqa: E402
-from budgets import BUDGETS_TOML, budget_checks, wait_for_a_whole_day  # noqa: E402
-from agents import AGENTS_TOML, agent_checks  # noqa: E402
+from budgets import BUDGETS, budget_checks, wait_for_a_whole_day  # noqa: E402
+from agents import agent_checks, agents_service  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SDK_DIR = os.path.join(ROOT, "tests", "sdk")
@@ -211,45 +212,34 @@ class Idp:
 
 # ---- the gateway --------------------------------------------------------------------------------
 
+def config(tmp, port, metrics_port, upstream_port, gone_port, issuer, key_store=None):
+    """The gateway's config (tests/gateway_config.py): the four SERVICES, `gone` (on `gone_port`,
+    where nothing listens), the agent checks' `claude`, API keys (SQLite in `tmp` unless
+    `key_store`), the provider's JWTs and budgets."""
+    # All four speak the OpenAI API (bodies validated, usage counted); chatx has a model policy.
+    services = [{"name": s, "upstream": f"http://127.0.0.1:{upstream_port}/{s}", "api": "openai",
+                 "read_timeout_seconds": 30} for s in SERVICES]
+    services[SERVICES.index("chatx")]["models"] = {"default": CHATX_DEFAULT, "aliases": CHATX_ALIASES}
+    # Nothing listens here: every request to `gone` is a 502 the gateway writes itself.
+    services.append({"name": "gone", "upstream": f"http://127.0.0.1:{gone_port}", "scope": "infer"})
+    services.append(agents_service(upstream_port))
+    return {
+        "comment": "written by tests/sdk/run.py", "dir": tmp, "port": port, "metrics_port": metrics_port,
+        "server": {"threads": 2, "grace_period_seconds": 1, "graceful_shutdown_timeout_seconds": 1},
+        "api_keys": {"database": key_store or f"sqlite://{tmp}/keys.db"},
+        "jwt": {"issuer": issuer, "audience": AUDIENCE},
+        "budgets": BUDGETS,
+        "services": services,
+    }
+
+
 class Gateway:
-    def __init__(self, binary, tmp, upstream_port, issuer, key_store=None):
+    def __init__(self, binary, tmp, upstream_port, issuer, key_store=None, config_bin=gateway_config.BINARY):
         self.binary, self.tmp = binary, tmp
-        key_store = key_store or f"sqlite://{tmp}/keys.db"
         self.port = free_port()
         self.metrics_port = free_port()
-        self.config = os.path.join(tmp, "portcullis.toml")
-        # All four speak the OpenAI API (bodies validated, usage counted); chatx has a model policy.
-        aliases = ", ".join(f"{alias} = {json.dumps(model)}" for alias, model in CHATX_ALIASES.items())
-        chatx_models = f"[services.chatx.models]\ndefault = {json.dumps(CHATX_DEFAULT)}\naliases = {{ {aliases} }}\n\n"
-        services = "".join(
-            f'[services.{s}]\nupstream = "http://127.0.0.1:{upstream_port}/{s}"\nscope = "{s}"\n'
-            f'api = "openai"\nread_timeout_seconds = 30\n\n' + (chatx_models if s == "chatx" else "")
-            for s in SERVICES)
-        # Nothing listens here: every request to `gone` is a 502 the gateway writes itself.
-        services += f'[services.gone]\nupstream = "http://127.0.0.1:{free_port()}"\nscope = "infer"\n\n'
-        with open(self.config, "w") as f:
-            f.write(f"""# written by tests/sdk/run.py
-[server]
-listen = ["127.0.0.1:{self.port}"]
-threads = 2
-grace_period_seconds = 1
-graceful_shutdown_timeout_seconds = 1
-upgrade_sock = "{tmp}/upgrade.sock"
-pid_file = "{tmp}/portcullis.pid"
-
-[metrics]
-listen = "127.0.0.1:{self.metrics_port}"
-
-[auth.api_keys]
-database = "{key_store}"
-
-[auth.jwt]
-issuer = "{issuer}"
-audience = "{AUDIENCE}"
-
-{BUDGETS_TOML}
-{services}
-{AGENTS_TOML.replace("{port}", str(upstream_port))}""")
+        self.config = gateway_config.write(os.path.join(tmp, "portcullis.toml"), config(
+            tmp, self.port, self.metrics_port, upstream_port, free_port(), issuer, key_store), config_bin)
         self.child = Child("gateway", [binary, "serve", "--config", self.config],
                            os.path.join(tmp, "gateway.log"), wait_listening=False,
                            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")})
@@ -775,6 +765,8 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "debug", "portcullis"))
     ap.add_argument("--upstream", default=os.path.join(ROOT, "target", "debug", "fake-upstream"),
                     help="the fake upstream binary (package testkit)")
+    ap.add_argument("--config-bin", default=gateway_config.BINARY,
+                    help="the test kit's gateway-config binary, which writes the gateway's TOML")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
     ap.add_argument("--key-store", help="[auth.api_keys] database (default: a SQLite file in the temp dir)")
     ap.add_argument("--timeout", type=int, default=600, help="whole-run limit in seconds")
@@ -803,7 +795,7 @@ def main():
                          os.path.join(tmp, "upstream.log"), wait_listening=True)
         idp = Idp(tmp)
         idp.start()
-        gw = Gateway(args.bin, tmp, upstream.port, idp.issuer, args.key_store)
+        gw = Gateway(args.bin, tmp, upstream.port, idp.issuer, args.key_store, args.config_bin)
         print(f"upstream :{upstream.port}, provider {idp.issuer}, gateway {gw.url}", flush=True)
         key_all = gw.create_key("sdk-all", "infer,chatx,chaty,embed,claude")
         key_embed = gw.create_key("sdk-embed-only", "embed")
