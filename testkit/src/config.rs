@@ -137,8 +137,8 @@ impl<'a> Service<'a> {
 }
 
 /// One more top-level table, e.g. `[auth.jwt]`, `[admin]` or `[budgets]`: its `key = value`
-/// lines in order (values TOML as written; `value` writes JSON as TOML). No lines: the table
-/// alone, which switches a section on with its defaults (`[budgets]`).
+/// lines in order (values TOML as written: `string` quotes one, `value` writes JSON as TOML). No
+/// lines: the table alone, which switches a section on with its defaults (`[budgets]`).
 #[derive(Clone, Debug, Default)]
 pub struct Table {
     pub name: String,
@@ -157,11 +157,6 @@ impl Table {
     pub fn set(mut self, key: &str, value: impl ToString) -> Self {
         self.entries.push((key.to_string(), value.to_string()));
         self
-    }
-
-    /// `key = "value"`, the string quoted and escaped.
-    pub fn string(self, key: &str, value: &str) -> Self {
-        self.set(key, string(value))
     }
 
     fn write(&self, toml: &mut String) {
@@ -252,15 +247,6 @@ impl<'a> GatewayConfig<'a> {
     pub fn table(mut self, t: Table) -> Self {
         self.tables.push(t);
         self
-    }
-
-    /// `[auth.jwt]`: tokens from `issuer` for `audience` are accepted.
-    pub fn jwt(self, issuer: &str, audience: &str) -> Self {
-        self.table(
-            Table::new("auth.jwt")
-                .string("issuer", issuer)
-                .string("audience", audience),
-        )
     }
 
     /// The TOML for a gateway living in `dir`, serving on `port`, with metrics on
