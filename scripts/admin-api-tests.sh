@@ -6,7 +6,8 @@
 #   tests/sdk/node_modules/  oidc-provider for the identity provider tests/sdk/idp.mjs (npm ci, lockfile)
 # then runs tests/admin_api/run.py: validates src/admin/openapi.json, starts the fake upstream's
 # demo model (target/debug/fake-upstream; UPSTREAM= overrides), the provider and
-# target/debug/portcullis (BIN= overrides; both built when missing) with an [admin] listener,
+# target/debug/portcullis (BIN= overrides) with an [admin] listener, its config written by the
+# test kit's target/debug/gateway-config (CONFIG_BIN= overrides; all three built when missing),
 # checks its 401s against the data plane's and fuzzes it with schemathesis
 # (ADMIN_API_MAX_EXAMPLES cases per operation, default 100; a fixed seed unless ADMIN_API_SEED
 # names another or `random`, always printed).
@@ -20,6 +21,7 @@ SDK=tests/sdk
 VENV=$DIR/.venv
 BIN=${BIN:-target/debug/portcullis}
 UPSTREAM=${UPSTREAM:-target/debug/fake-upstream}
+CONFIG_BIN=${CONFIG_BIN:-target/debug/gateway-config}
 RUN_TIMEOUT=${ADMIN_API_TESTS_TIMEOUT:-900}   # the driver stops itself at 600 s; this is the backstop
 
 NAME=admin-api-tests
@@ -43,6 +45,8 @@ need npm "the identity provider's packages are installed with npm"
 npm_ci "$SDK"
 gateway_binary "$BIN"
 gateway_binary "$UPSTREAM"
+gateway_binary "$CONFIG_BIN"
 
 say "running $DIR/run.py against $BIN"
-timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$DIR/run.py" --bin "$BIN" --upstream "$UPSTREAM"
+timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$DIR/run.py" --bin "$BIN" --upstream "$UPSTREAM" \
+    --config-bin "$CONFIG_BIN"

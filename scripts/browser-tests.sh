@@ -2,8 +2,9 @@
 # The key console in a real browser (`make test` runs this last): Debian's Chromium driven by
 # playwright-core through tests/browser/console.test.mjs, against target/debug/portcullis, the
 # real OpenID provider (tests/sdk/idp.mjs), a recording upstream and, for the usage view, the
-# test kit's fake upstream (target/debug/fake-upstream; both built by `cargo build` when missing,
-# BIN= and UPSTREAM= override). See that file for the steps.
+# test kit's fake upstream (target/debug/fake-upstream), the gateways' configs written by the test
+# kit's target/debug/gateway-config (all three built by `cargo build` when missing; BIN=,
+# UPSTREAM= and CONFIG_BIN= override). See that file for the steps.
 #
 # Installs, only when missing or when their lockfiles changed:
 #   tests/sdk/node_modules/      oidc-provider for the identity provider (npm ci, lockfile)
@@ -15,6 +16,7 @@ cd "$(dirname "$0")/.."
 
 BIN=${BIN:-target/debug/portcullis}
 UPSTREAM=${UPSTREAM:-target/debug/fake-upstream}
+CONFIG_BIN=${CONFIG_BIN:-target/debug/gateway-config}
 CHROMIUM=${CHROMIUM:-/usr/bin/chromium}
 RUN_TIMEOUT=${BROWSER_TESTS_TIMEOUT:-300}
 
@@ -30,7 +32,8 @@ npm_ci tests/browser
 
 gateway_binary "$BIN"
 gateway_binary "$UPSTREAM"
+gateway_binary "$CONFIG_BIN"
 
 say "running tests/browser/console.test.mjs against $BIN with $CHROMIUM"
-BIN=$BIN UPSTREAM=$UPSTREAM CHROMIUM=$CHROMIUM timeout --kill-after=10 "$RUN_TIMEOUT" \
+BIN=$BIN UPSTREAM=$UPSTREAM CONFIG_BIN=$CONFIG_BIN CHROMIUM=$CHROMIUM timeout --kill-after=10 "$RUN_TIMEOUT" \
     node --test tests/browser/console.test.mjs

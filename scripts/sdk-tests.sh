@@ -6,8 +6,9 @@
 #   tests/sdk/node_modules/  the official `openai` and `@anthropic-ai/sdk` Node SDKs and
 #                            `oidc-provider` (npm ci, lockfile)
 # then runs tests/sdk/run.py against target/debug/portcullis in front of the fake upstream's demo
-# model, target/debug/fake-upstream (both built by `cargo build` when missing; BIN= and UPSTREAM=
-# override).
+# model, target/debug/fake-upstream, its config written by the test kit's
+# target/debug/gateway-config (all three built by `cargo build` when missing; BIN=, UPSTREAM= and
+# CONFIG_BIN= override).
 # SDK_TESTS_ONLY=agents runs only the agent API checks (both stores).
 # Runs the suite twice: with a SQLite key store, then with a PostgreSQL one (a throwaway server
 # started here, or PORTCULLIS_TEST_POSTGRES_URL). Each run ends with the driver's
@@ -19,6 +20,7 @@ SDK=tests/sdk
 VENV=.venv
 BIN=${BIN:-target/debug/portcullis}
 UPSTREAM=${UPSTREAM:-target/debug/fake-upstream}
+CONFIG_BIN=${CONFIG_BIN:-target/debug/gateway-config}
 RUN_TIMEOUT=${SDK_TESTS_TIMEOUT:-900}   # the driver stops itself at 600 s; this is the backstop
 ONLY=${SDK_TESTS_ONLY:-all}             # agents: only the agent API checks (run.py --only)
 
@@ -34,9 +36,11 @@ python_venv "$VENV" "$SDK/requirements.txt" "openai, anthropic, requests"
 npm_ci "$SDK"
 gateway_binary "$BIN"
 gateway_binary "$UPSTREAM"
+gateway_binary "$CONFIG_BIN"
 
 say "running $SDK/run.py against $BIN (SQLite key store)"
-timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$SDK/run.py" --bin "$BIN" --upstream "$UPSTREAM" --only "$ONLY"
+timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$SDK/run.py" --bin "$BIN" --upstream "$UPSTREAM" \
+    --config-bin "$CONFIG_BIN" --only "$ONLY"
 
 # ---- once more with the fleet key store: a throwaway PostgreSQL server (or the given one) ----
 PG_URL=${PORTCULLIS_TEST_POSTGRES_URL:-}
@@ -61,4 +65,4 @@ if [ -z "$PG_URL" ]; then
 fi
 say "running $SDK/run.py against $BIN (Postgres key store)"
 timeout --kill-after=10 "$RUN_TIMEOUT" "$VENV/bin/python" "$SDK/run.py" --bin "$BIN" --upstream "$UPSTREAM" \
-    --key-store "$PG_URL" --only "$ONLY"
+    --config-bin "$CONFIG_BIN" --key-store "$PG_URL" --only "$ONLY"

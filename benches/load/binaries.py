@@ -24,8 +24,11 @@ FLOOR = TARGET / "release" / "floor"  # benches/floor, a workspace member: the p
 FLOOR_SOURCE = ROOT / "benches" / "floor"
 FLOOR_UNPATCHED_TARGET = TARGET / "floor-unpatched"
 FLOOR_UNPATCHED = FLOOR_UNPATCHED_TARGET / "release" / "floor"
+# The test kit's gateway-config, which writes every gateway config of the run (configs.py); the
+# first build makes it with the gateway (package testkit is a default member of the workspace).
+CONFIG_WRITER = TARGET / "release" / "gateway-config"
 BUILDS = [
-    ["cargo", "build", "--release", "--quiet"],  # the gateway
+    ["cargo", "build", "--release", "--quiet"],  # the gateway (and testkit's gateway-config)
     ["cargo", "build", "--release", "--quiet", "--examples"],  # fast_upstream, bench_idp, loadgen
     ["cargo", "build", "--release", "--quiet", "-p", "portcullis-floor"],
 ]
@@ -39,9 +42,10 @@ class Tools:
     loadgen: Path
     floor: Path
     floor_unpatched: Path
+    config_writer: Path
 
     @classmethod
-    def built(cls, gateway=None, examples=None, floor=None):
+    def built(cls, gateway=None, examples=None, floor=None, config_writer=None):
         """The binaries where the builds above leave them, or where the arguments say."""
         examples = Path(examples or EXAMPLES)
         return cls(
@@ -51,6 +55,7 @@ class Tools:
             loadgen=examples / LOADGEN,
             floor=Path(floor or FLOOR),
             floor_unpatched=FLOOR_UNPATCHED,
+            config_writer=Path(config_writer or CONFIG_WRITER),
         )
 
 

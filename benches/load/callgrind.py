@@ -19,9 +19,9 @@ own), by a key without budget and by a budgeted one (stages_budgets.py):
   ir_budget_infer, ir_budget_rpd      service `infer` (no api): no budget, and requests_per_day
                                       (a reserve script only)
 (profiles budget-*.out). Either way it keeps the raw profiles under $OUT (default bench-results/callgrind/) for
-callgrind_annotate. Knobs: CG_REQUESTS (2000), CG_WARMUP (300); BIN, EX and FLOOR to reuse
-binaries already built (otherwise it builds them). The load benchmark (run.py) uses measure()
-and create_key().
+callgrind_annotate. Knobs: CG_REQUESTS (2000), CG_WARMUP (300); BIN, EX, FLOOR and CONFIG_BIN
+(the test kit's gateway-config, which writes the gateway's TOML) to reuse binaries already built
+(otherwise it builds them). The load benchmark (run.py) uses measure() and create_key().
 """
 
 import os
@@ -45,6 +45,7 @@ from common import (
     wait_line,
 )
 import binaries  # the binaries' paths and how to build them live in one place
+import configs
 
 BODY = '{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
 STREAM_BODY = BODY[:-1] + ',"stream":true}'
@@ -131,7 +132,7 @@ class Session:
         up_port = self.start_upstream()
         gw_port = free_port()
         config = self.work / "portcullis.toml"
-        config.write_text(self.gateway_config(gw_port, up_port) + self.metered(up_port))
+        config.write_text(self.gateway_config(gw_port, up_port, metered=True))
         self.key = create_key(self.tools.gateway, config, "callgrind")
         self.log(f"gateway under callgrind, streamed chats off / on / asked ({self.requests} each after {self.warmup})")
         runs = [(name, service, body, self.key) for name, service, body in STREAM_RUNS]
@@ -155,20 +156,11 @@ class Session:
             raise BenchError(f"redis-server did not start: {read_text(self.work / 'redis.log')}")
         gw_port = free_port()
         config = self.work / "portcullis.toml"
-        config.write_text(self.gateway_config(gw_port, up_port) + self.metered(up_port)
-                          + f'[budgets]\n[rate_limits]\nredis = "redis://127.0.0.1:{redis_port}"\n')
+        config.write_text(self.gateway_config(gw_port, up_port, metered=True, redis_port=redis_port))
         runs = [(name, service, BODY, create_key(self.tools.gateway, config, f"callgrind-{name}", *flags))
                 for name, service, flags in BUDGET_RUNS]
         self.log(f"gateway under callgrind, chats without and with budgets ({self.requests} each after {self.warmup})")
         return self.count_runs("budget", config, gw_port, runs)
-
-    @staticmethod
-    def metered(up_port):
-        return f"""[services.metered]
-upstream = "http://127.0.0.1:{up_port}"
-scope = "infer"
-api = "openai"
-"""
 
     def count_runs(self, kind, config, gw_port, runs):
         """The gateway under callgrind; each run (name, service, body, key) warmed up, then
@@ -200,23 +192,11 @@ api = "openai"
         self.procs.stop(proc, sig=signal.SIGKILL, grace_s=5)
         return figures
 
-    def gateway_config(self, gw_port, up_port):
-        w = self.work
-        return f"""[server]
-listen = ["127.0.0.1:{gw_port}"]
-threads = 1
-upgrade_sock = "{w}/upgrade.sock"
-pid_file = "{w}/portcullis.pid"
-[access_log]
-destination = "off"
-[auth.api_keys]
-database = "sqlite://{w}/keys.db"
-[metrics]
-listen = "127.0.0.1:{free_port()}"
-[services.infer]
-upstream = "http://127.0.0.1:{up_port}"
-scope = "infer"
-"""
+    def gateway_config(self, gw_port, up_port, metered=False, redis_port=None):
+        """configs.callgrind: `infer` alone; `metered`: and the service `metered`; `redis_port`:
+        with [budgets] and [rate_limits] on that Redis."""
+        return configs.callgrind(self.tools.config_writer, self.work, gw_port, free_port(), up_port,
+                                 metered, redis_port)
 
     def drive(self, port, count, service="infer", body=BODY, key=None):
         """count sequential chat POSTs through port (by the session's key unless `key`), each
@@ -317,7 +297,8 @@ def main():
         ensure_valgrind(log)
         if not os.environ.get("BIN"):
             binaries.build(log, unpatched_floor=False, floor=not (streams or budgets))
-        tools = binaries.Tools.built(os.environ.get("BIN"), os.environ.get("EX"), os.environ.get("FLOOR"))
+        tools = binaries.Tools.built(os.environ.get("BIN"), os.environ.get("EX"), os.environ.get("FLOOR"),
+                                     os.environ.get("CONFIG_BIN"))
         figures = measure(
             tools,
             os.environ.get("OUT") or binaries.ROOT / "bench-results" / "callgrind",

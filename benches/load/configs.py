@@ -1,61 +1,77 @@
-"""The configs the load benchmark writes: the gateway's (one service per target) and nginx's (a
-plain reverse proxy with a static bearer check and the gateway's header rewriting)."""
+"""The configs the load benchmark writes: the gateway's, each a description written as TOML by
+the test kit's typed config builder (tests/gateway_config.py; the run's gateway with one service
+per target, callgrind.py's and the routing stage's), and nginx's (a plain reverse proxy with a
+static bearer check and the gateway's header rewriting). `writer` is the test kit's
+gateway-config binary (binaries.Tools.config_writer)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+import gateway_config  # noqa: E402  (tests/gateway_config.py)
 
 
-def gateway(w, gw_port, metrics_port, up_port, dead_port, redis_port, issuer, access_log_off):
+def gateway(writer, w, gw_port, metrics_port, up_port, dead_port, redis_port, issuer, access_log_off,
+            name=None, budgets=False):
     """Services: infer (key, jwt), policy (model policy), metered (api = "openai" alone: metering
     and nothing else over infer), limited (Redis rate limit), replicas
     (three hosts of one upstream) and failover (a dead replica listed first); w is the work
-    directory."""
+    directory. `name`: a second gateway on the same config, with an upgrade socket and pid file
+    of its own (<name>-upgrade.sock, <name>.pid); `budgets`: with [budgets] (its defaults)."""
     up = f"http://127.0.0.1:{up_port}"
-    off = '[access_log]\ndestination = "off"\n' if access_log_off else ""
-    return f"""[server]
-listen = ["127.0.0.1:{gw_port}"]
-threads = 1
-grace_period_seconds = 1
-graceful_shutdown_timeout_seconds = 1
-upgrade_sock = "{w}/upgrade.sock"
-pid_file = "{w}/portcullis.pid"
-# The footprint stage holds STREAMS streams, all from 127.0.0.1.
-max_connections = 1000000
-max_connections_per_client = 1000000
-{off}[auth.api_keys]
-database = "sqlite://{w}/keys.db"
-[auth.jwt]
-issuer = "{issuer}"
-audience = "portcullis"
-algorithms = ["RS256"]
-[metrics]
-listen = "127.0.0.1:{metrics_port}"
-[services.infer]
-upstream = "{up}"
-scope = "infer"
-[services.policy]
-upstream = "{up}"
-scope = "infer"
-api = "openai"
-[services.policy.models]
-default = "bench-default"
-aliases = {{ bench = "bench-1" }}
-[services.metered]
-upstream = "{up}"
-scope = "infer"
-api = "openai"
-[services.limited]
-upstream = "{up}"
-scope = "infer"
-rate_limit_per_minute = 100000000
-[rate_limits]
-redis = "redis://127.0.0.1:{redis_port}"
-[services.replicas]
-upstream = ["{up}", "http://127.0.0.2:{up_port}", "http://127.0.0.3:{up_port}"]
-scope = "infer"
-[services.failover]
-upstream = ["http://127.0.0.1:{dead_port}", "{up}"]
-scope = "infer"
-# Never ejected: every request pays the failed connect.
-eject_after_connect_failures = 4000000000
-"""
+    server = {"threads": 1, "grace_period_seconds": 1, "graceful_shutdown_timeout_seconds": 1,
+              # The footprint stage holds STREAMS streams, all from 127.0.0.1.
+              "max_connections": 1_000_000, "max_connections_per_client": 1_000_000}
+    if name:
+        server.update(upgrade_sock=f"{w}/{name}-upgrade.sock", pid_file=f"{w}/{name}.pid")
+    description = {
+        "dir": str(w), "port": gw_port, "metrics_port": metrics_port, "server": server,
+        "jwt": {"issuer": issuer, "audience": "portcullis", "algorithms": ["RS256"]},
+        "rate_limits": {"redis": f"redis://127.0.0.1:{redis_port}"},
+        "services": [
+            {"name": "infer", "upstream": up},
+            {"name": "policy", "upstream": up, "scope": "infer", "api": "openai",
+             "models": {"default": "bench-default", "aliases": {"bench": "bench-1"}}},
+            {"name": "metered", "upstream": up, "scope": "infer", "api": "openai"},
+            {"name": "limited", "upstream": up, "scope": "infer", "rate_limit_per_minute": 100_000_000},
+            {"name": "replicas", "upstream": [up, f"http://127.0.0.2:{up_port}", f"http://127.0.0.3:{up_port}"],
+             "scope": "infer"},
+            # Never ejected: every request pays the failed connect.
+            {"name": "failover", "upstream": [f"http://127.0.0.1:{dead_port}", up], "scope": "infer",
+             "eject_after_connect_failures": 4_000_000_000},
+        ],
+    }
+    if access_log_off:
+        description["access_log"] = {"destination": "off"}
+    if budgets:
+        description["budgets"] = {}
+    return gateway_config.render(description, writer)
+
+
+def callgrind(writer, w, gw_port, metrics_port, up_port, metered=False, redis_port=None):
+    """callgrind.py's gateway: `infer` alone, access log off; `metered`: and the service `metered`
+    (api = "openai"); `redis_port`: with [budgets] and [rate_limits] on that Redis."""
+    up = f"http://127.0.0.1:{up_port}"
+    services = [{"name": "infer", "upstream": up}]
+    if metered:
+        services.append({"name": "metered", "upstream": up, "scope": "infer", "api": "openai"})
+    description = {"dir": str(w), "port": gw_port, "metrics_port": metrics_port, "server": {"threads": 1},
+                   "access_log": {"destination": "off"}, "services": services}
+    if redis_port:
+        description.update(budgets={}, rate_limits={"redis": f"redis://127.0.0.1:{redis_port}"})
+    return gateway_config.render(description, writer)
+
+
+def routing(writer, w, gw_port, metrics_port, replica_ports, policy):
+    """The routing stage's gateway: `infer` (api = "openai") over the replicas, balanced by
+    `policy`, access log off."""
+    return gateway_config.render({
+        "dir": str(w), "port": gw_port, "metrics_port": metrics_port,
+        "server": {"threads": 1, "grace_period_seconds": 1, "graceful_shutdown_timeout_seconds": 1},
+        "access_log": {"destination": "off"},
+        "services": [{"name": "infer", "upstream": [f"http://127.0.0.1:{p}" for p in replica_ports],
+                      "api": "openai", "balance": policy}],
+    }, writer)
 
 
 def nginx(d, fd_limit, up_port, port, key):

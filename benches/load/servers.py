@@ -109,9 +109,12 @@ class Servers:
         m = re.search(r"v=(\S+)", version)
         self.facts.update(evalsha_calls=calls, redis_fallbacks=fallbacks, redis_version=m.group(1) if m else "")
 
-    def gateway_config(self, access_log_off):
-        return configs.gateway(self.work, self.gw_port, self.metrics_port, self.up_port, self.dead_port,
-                               self.redis_port, self.issuer, access_log_off)
+    def gateway_config(self, access_log_off, port=None, metrics_port=None, name=None, budgets=False):
+        """The run's gateway config (configs.gateway); `port`, `metrics_port` and `name` (its
+        upgrade socket and pid file) for a second gateway on it, `budgets`: with [budgets]."""
+        return configs.gateway(self.tools.config_writer, self.work, port or self.gw_port,
+                               metrics_port or self.metrics_port, self.up_port, self.dead_port, self.redis_port,
+                               self.issuer, access_log_off, name, budgets)
 
     def configure_gateway(self):
         self.gw_port = free_port()

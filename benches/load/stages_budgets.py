@@ -82,12 +82,10 @@ class Budgeting(Latency):
 
     # ---- the gateways and their keys --------------------------------------------------------
     def start_budget_gateways(self):
-        redis = f'[budgets]\n[rate_limits]\nredis = "redis://127.0.0.1:{self.redis_port}"\n'
-        if "[rate_limits]" in self.config.read_text():  # the run's config has it (target "redis")
-            redis = "[budgets]\n"
+        # The run's config has the [rate_limits] redis of target "redis".
         self.bud_port, self.bud_twin_port = free_port(), free_port()
-        config, self.bud_metrics = self.config_copy("budget", self.bud_port, redis)
-        twin_config, self.bud_twin_metrics = self.config_copy("budget-twin", self.bud_twin_port, redis)
+        config, self.bud_metrics = self.config_copy("budget", self.bud_port, budgets=True)
+        twin_config, self.bud_twin_metrics = self.config_copy("budget-twin", self.bud_twin_port, budgets=True)
         gateway = self.tools.gateway
         self.target_keys = {
             "bud_plain": callgrind.create_key(gateway, config, "bench-no-budget"),

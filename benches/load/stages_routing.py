@@ -27,6 +27,7 @@ import time
 from binaries import ROOT, TARGET
 from common import BenchError, free_port, http_get_text, wait_http, wait_line
 import callgrind
+import configs
 
 SIM = TARGET / "release" / "sim-replica"
 POLICIES = ["least_requests", "round_robin", "prefix_affinity"]
@@ -102,26 +103,7 @@ class Routing:
             ports.append(int(wait_line(log, "LISTENING")))
         gw_port, metrics_port = free_port(), free_port()
         config = w / "portcullis.toml"
-        upstreams = ", ".join(f'"http://127.0.0.1:{p}"' for p in ports)
-        config.write_text(f"""[server]
-listen = ["127.0.0.1:{gw_port}"]
-threads = 1
-grace_period_seconds = 1
-graceful_shutdown_timeout_seconds = 1
-upgrade_sock = "{w}/upgrade.sock"
-pid_file = "{w}/portcullis.pid"
-[access_log]
-destination = "off"
-[auth.api_keys]
-database = "sqlite://{w}/keys.db"
-[metrics]
-listen = "127.0.0.1:{metrics_port}"
-[services.infer]
-upstream = [{upstreams}]
-scope = "infer"
-api = "openai"
-balance = "{policy}"
-""")
+        config.write_text(configs.routing(self.tools.config_writer, w, gw_port, metrics_port, ports, policy))
         key = callgrind.create_key(self.tools.gateway, config, "routing")
         gw = self.procs.start([self.tools.gateway, "serve", "--config", config], stderr=w / "gateway.log",
                               env={"RUST_LOG": "warn"})

@@ -85,19 +85,13 @@ class Throughput(Servers):
         twin_config, _ = self.config_copy("twin", self.twin_port)
         self.twin = self.start_gateway(twin_config, self.twin_port, "twin.log")
 
-    def config_copy(self, name, port, extra=""):
+    def config_copy(self, name, port, budgets=False):
         """The gateway's config on `port`, with a metrics port, pid file and upgrade socket of
-        its own, plus `extra` (more sections): written to <work>/<name>.toml → (its path, its
+        its own, and with [budgets] if `budgets`: written to <work>/<name>.toml → (its path, its
         metrics port)."""
-        w = self.work
         metrics_port = free_port()
-        text = (self.config.read_text()
-                .replace(f"127.0.0.1:{self.gw_port}", f"127.0.0.1:{port}")
-                .replace(f"127.0.0.1:{self.metrics_port}", f"127.0.0.1:{metrics_port}")
-                .replace(f"{w}/upgrade.sock", f"{w}/{name}-upgrade.sock")
-                .replace(f"{w}/portcullis.pid", f"{w}/{name}.pid")) + extra
-        path = w / f"{name}.toml"
-        path.write_text(text)
+        path = self.work / f"{name}.toml"
+        path.write_text(self.gateway_config(self.access_log == "off", port, metrics_port, name, budgets))
         return path, metrics_port
 
     def pair_cpu(self, base, target, seconds, a, port_a, b, port_b, script=None):

@@ -56,7 +56,7 @@ impl<'a> GatewayBuilder<'a> {
     }
 
     pub fn cache_ttl(mut self, seconds: u64) -> Self {
-        self.config.cache_ttl = seconds;
+        self.config.cache_ttl = Some(seconds);
         self
     }
 
@@ -67,7 +67,7 @@ impl<'a> GatewayBuilder<'a> {
     }
 
     pub fn max_body(mut self, bytes: u64) -> Self {
-        self.config.max_body = bytes;
+        self.config.max_body = Some(bytes);
         self
     }
 
@@ -81,7 +81,7 @@ impl<'a> GatewayBuilder<'a> {
 
     /// `server.grace_period_seconds` (default 5).
     pub fn grace_period(mut self, seconds: u64) -> Self {
-        self.config.grace_period = seconds;
+        self.config.grace_period = Some(seconds);
         self
     }
 
@@ -96,7 +96,11 @@ impl<'a> GatewayBuilder<'a> {
         let port = free_port();
         let metrics_port = free_port();
         let config = dir.path().join("portcullis.toml");
-        std::fs::write(&config, self.config.render(dir.path(), port, metrics_port)).unwrap();
+        std::fs::write(
+            &config,
+            self.config.render(dir.path(), port, Some(metrics_port)),
+        )
+        .unwrap();
         let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
         let mut cmd = Command::new(gateway_bin());
         cmd.args(["serve", "--config"])

@@ -24,7 +24,7 @@ The document checks (1) are in doc.py, the hand-written live checks (2) in live.
 
 Run through scripts/admin-api-tests.sh, which installs the pinned packages; by hand:
     tests/admin_api/.venv/bin/python tests/admin_api/run.py [--bin target/debug/portcullis]
-        [--upstream target/debug/fake-upstream]
+        [--upstream target/debug/fake-upstream] [--config-bin target/debug/gateway-config]
 Prints one line per check and, last, `N passed, N failed`; exits 0 only when all passed.
 Every child process is stopped, whatever happens.
 """
@@ -49,6 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 from harness import (  # noqa: E402  (tests/harness.py)
     CheckFailed, Child, Results, expect, expect_eq, finish, free_port, tail)
+import gateway_config  # noqa: E402  (tests/gateway_config.py)
 from doc import DOC_PATH, doc_checks  # noqa: E402  (the document on its own)
 from live import (  # noqa: E402  (hand-written checks of the live listener)
     HTTP_TIMEOUT, LIMITED_REQUESTS_PER_MINUTE, MAX_KEYS_PER_OWNER, OTHER_AUDIENCE, api_key_refused, budgets,
@@ -128,48 +129,31 @@ class Idp:
 
 # ---- the gateway --------------------------------------------------------------------------------
 
+def config(tmp, name, port, admin_port, metrics_port, upstream_port, issuer, requests_per_minute):
+    """A gateway's config (tests/gateway_config.py): its files in `tmp` under its `name`, keys
+    revoked within a second, the provider's JWTs, infer and embed on the fake upstream, and the
+    [admin] listener under test."""
+    return {
+        "comment": "written by tests/admin_api/run.py", "dir": tmp, "port": port, "metrics_port": metrics_port,
+        "server": {"threads": 2, "grace_period_seconds": 1, "graceful_shutdown_timeout_seconds": 1,
+                   "upgrade_sock": f"{tmp}/{name}-upgrade.sock", "pid_file": f"{tmp}/{name}.pid"},
+        "api_keys": {"database": f"sqlite://{tmp}/{name}-keys.db", "cache_ttl_seconds": 1,
+                     "negative_cache_ttl_seconds": 1},
+        "jwt": {"issuer": issuer, "audience": AUDIENCE},
+        "services": [{"name": s, "upstream": f"http://127.0.0.1:{upstream_port}/{s}"} for s in ("infer", "embed")],
+        "admin": {"listen": f"127.0.0.1:{admin_port}", "admin_scope": ADMIN_SCOPE,
+                  "max_keys_per_owner": MAX_KEYS_PER_OWNER, "requests_per_minute": requests_per_minute},
+    }
+
+
 class Gateway:
     def __init__(self, binary, tmp, upstream_port, issuer, name="gateway",
-                 requests_per_minute=FUZZ_REQUESTS_PER_MINUTE):
+                 requests_per_minute=FUZZ_REQUESTS_PER_MINUTE, config_bin=gateway_config.BINARY):
         self.binary = binary
         self.port, self.admin_port, self.metrics_port = free_port(), free_port(), free_port()
-        self.config = os.path.join(tmp, f"{name}.toml")
-        with open(self.config, "w") as f:
-            f.write(f"""# written by tests/admin_api/run.py
-[server]
-listen = ["127.0.0.1:{self.port}"]
-threads = 2
-grace_period_seconds = 1
-graceful_shutdown_timeout_seconds = 1
-upgrade_sock = "{tmp}/{name}-upgrade.sock"
-pid_file = "{tmp}/{name}.pid"
-
-[metrics]
-listen = "127.0.0.1:{self.metrics_port}"
-
-[auth.api_keys]
-database = "sqlite://{tmp}/{name}-keys.db"
-cache_ttl_seconds = 1
-negative_cache_ttl_seconds = 1
-
-[auth.jwt]
-issuer = "{issuer}"
-audience = "{AUDIENCE}"
-
-[services.infer]
-upstream = "http://127.0.0.1:{upstream_port}/infer"
-scope = "infer"
-
-[services.embed]
-upstream = "http://127.0.0.1:{upstream_port}/embed"
-scope = "embed"
-
-[admin]
-listen = "127.0.0.1:{self.admin_port}"
-admin_scope = "{ADMIN_SCOPE}"
-max_keys_per_owner = {MAX_KEYS_PER_OWNER}
-requests_per_minute = {requests_per_minute}
-""")
+        self.config = gateway_config.write(os.path.join(tmp, f"{name}.toml"), config(
+            tmp, name, self.port, self.admin_port, self.metrics_port, upstream_port, issuer, requests_per_minute),
+            config_bin)
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin = f"http://127.0.0.1:{self.admin_port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -250,6 +234,8 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "debug", "portcullis"))
     ap.add_argument("--upstream", default=os.path.join(ROOT, "target", "debug", "fake-upstream"),
                     help="the fake upstream binary (package testkit)")
+    ap.add_argument("--config-bin", default=gateway_config.BINARY,
+                    help="the test kit's gateway-config binary, which writes the gateways' TOML")
     ap.add_argument("--doc-only", action="store_true", help="only validate src/admin/openapi.json")
     ap.add_argument("--max-examples", type=int, default=int(os.environ.get("ADMIN_API_MAX_EXAMPLES", "100")),
                     help="schemathesis test cases per operation and phase (default 100)")
@@ -286,7 +272,7 @@ def main():
         upstream = Child("upstream", [args.upstream, "--port", "0"],
                          os.path.join(tmp, "upstream.log"), wait_listening=True)
         idp = Idp(tmp)
-        gw = Gateway(args.bin, tmp, upstream.port, idp.issuer)
+        gw = Gateway(args.bin, tmp, upstream.port, idp.issuer, config_bin=args.config_bin)
         print(f"upstream :{upstream.port}, provider {idp.issuer}, gateway {gw.url}, admin {gw.admin}", flush=True)
         cc = idp.client_credentials("infer embed")
         served_document(res, gw, raw, doc)
@@ -317,7 +303,7 @@ def main():
         res.check("[live] the gateway kept running through the fuzzing",
                   lambda: expect(gw.child.proc.poll() is None, f"it exited with {gw.child.proc.poll()}"))
         limited = Gateway(args.bin, tmp, upstream.port, idp.issuer, name="limited",
-                          requests_per_minute=LIMITED_REQUESTS_PER_MINUTE)
+                          requests_per_minute=LIMITED_REQUESTS_PER_MINUTE, config_bin=args.config_bin)
         rate_limited(res, limited, doc, cc)
         schemathesis(res, limited, cc, f"requests_per_minute = {LIMITED_REQUESTS_PER_MINUTE} (mostly 429)",
                      tmp, min(args.max_examples, LIMITED_MAX_EXAMPLES), seed, args.doc_file)

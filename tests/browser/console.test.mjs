@@ -15,7 +15,8 @@
 //   node --test tests/browser/console.test.mjs      (scripts/browser-tests.sh installs and runs it)
 //
 // Screenshots of every step go to PORTCULLIS_BROWSER_OUT (default: a fresh temp directory,
-// printed at the end). CHROMIUM= overrides /usr/bin/chromium.
+// printed at the end). CHROMIUM= overrides /usr/bin/chromium. The gateways' configs are written
+// by the test kit's gateway-config (tests/gateway_config.mjs; CONFIG_BIN= overrides).
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import fs from 'node:fs';
@@ -193,17 +194,17 @@ before(async () => {
   env.issuer = `http://127.0.0.1:${idp.match[1]}`;
 
   // The same key store behind both: keys made on one are seen by the other's administrator.
-  const gateway = (name, port, adminPort, adminLines) => {
+  const gateway = (name, port, adminPort, admin) => {
     const config = path.join(tmp, `${name}.toml`);
     fs.writeFileSync(config, gatewayConfig({
-      tmp, name, port, adminPort, adminLines, issuer: env.issuer, audience: AUDIENCE,
+      tmp, name, port, adminPort, admin, issuer: env.issuer, audience: AUDIENCE,
       cacheTtlSeconds: CACHE_TTL_SECONDS, flushSeconds: FLUSH_SECONDS, maxKeysPerOwner: MAX_KEYS_PER_OWNER,
       upstream: `http://127.0.0.1:${upstream.server.address().port}`, fakeUpstream: env.fakeUpstream,
     }));
     return start(name, BIN, ['serve', '--config', config]);
   };
-  await gateway('gateway', gwPort, adminPort, '');
-  await gateway('gateway-admin', gwPort2, adminPort2, 'console_admin_sign_in = true\nadmin_subjects = ["admin"]');
+  await gateway('gateway', gwPort, adminPort, {});
+  await gateway('gateway-admin', gwPort2, adminPort2, { console_admin_sign_in: true, admin_subjects: ['admin'] });
   await waitHttp(`${env.gateway}/healthz`, 'gateway');
   await waitHttp(`${env.admin}/console/`, 'gateway');
   await waitHttp(`${env.adminOffered}/console/`, 'gateway-admin');

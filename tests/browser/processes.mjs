@@ -1,12 +1,14 @@
 // Processes and servers for the browser test (tests/browser/console.test.mjs): children with
 // their logs in the test's temporary directory, waited for and stopped by the test; a free
-// port; a recording upstream; a gateway's configuration; TOML strings.
+// port; a recording upstream; a gateway's configuration.
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import fs from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
+
+import { renderGatewayConfig } from '../gateway_config.mjs';
 
 export async function freePort() {
   const srv = net.createServer();
@@ -102,57 +104,34 @@ export function startUpstream() {
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, requests })));
 }
 
-export function toml(value) {
-  return JSON.stringify(value); // a JSON string is a valid TOML basic string for these values
-}
-
-// A gateway's configuration: the key store (and with it the usage ledger and budgets) in `tmp`,
-// shared by every gateway written with the same `tmp`; `infer` on the recording upstream and the metered
-// `chatx` (`api = "openai"`) on the fake upstream, whose answers state their token counts.
+// A gateway's configuration (tests/gateway_config.mjs): the key store (and with it the usage
+// ledger and budgets) in `tmp`, shared by every gateway written with the same `tmp`; `infer` on
+// the recording upstream and the metered `chatx` (`api = "openai"`) on the fake upstream, whose
+// answers state their token counts. `admin`: more keys of its [admin] table.
 export function gatewayConfig({
-  tmp, name, port, adminPort, adminLines, issuer, audience, cacheTtlSeconds, flushSeconds, maxKeysPerOwner,
+  tmp, name, port, adminPort, admin = {}, issuer, audience, cacheTtlSeconds, flushSeconds, maxKeysPerOwner,
   upstream, fakeUpstream,
 }) {
-  return `# written by tests/browser/console.test.mjs
-[server]
-listen = [${toml(`127.0.0.1:${port}`)}]
-threads = 1
-grace_period_seconds = 1
-graceful_shutdown_timeout_seconds = 1
-upgrade_sock = ${toml(path.join(tmp, `${name}-upgrade.sock`))}
-pid_file = ${toml(path.join(tmp, `${name}.pid`))}
-
-[auth.api_keys]
-database = ${toml(`sqlite://${path.join(tmp, 'keys.db')}`)}
-cache_ttl_seconds = ${cacheTtlSeconds}
-negative_cache_ttl_seconds = 1
-
-[auth.jwt]
-issuer = ${toml(issuer)}
-audience = ${toml(audience)}
-
-[metering]
-flush_seconds = ${flushSeconds}
-
-# The budgets tests/browser/budgets.mjs sets in the console are enforced, as in production.
-[budgets]
-enforcement = "reserve"
-default_max_tokens = 256
-
-[admin]
-listen = ${toml(`127.0.0.1:${adminPort}`)}
-console = true
-max_keys_per_owner = ${maxKeysPerOwner}
-${adminLines}
-
-[services.infer]
-upstream = ${toml(upstream)}
-scope = "infer"
-
-# Metered: the gateway reads the usage the fake upstream reports on chat completions.
-[services.chatx]
-upstream = ${toml(fakeUpstream)}
-scope = "chatx"
-api = "openai"
-`;
+  return renderGatewayConfig({
+    comment: 'written by tests/browser/console.test.mjs',
+    dir: tmp,
+    port,
+    server: {
+      threads: 1, grace_period_seconds: 1, graceful_shutdown_timeout_seconds: 1,
+      upgrade_sock: path.join(tmp, `${name}-upgrade.sock`), pid_file: path.join(tmp, `${name}.pid`),
+    },
+    api_keys: {
+      database: `sqlite://${path.join(tmp, 'keys.db')}`, cache_ttl_seconds: cacheTtlSeconds, negative_cache_ttl_seconds: 1,
+    },
+    jwt: { issuer, audience },
+    metering: { flush_seconds: flushSeconds },
+    // The budgets tests/browser/budgets.mjs sets in the console are enforced, as in production.
+    budgets: { enforcement: 'reserve', default_max_tokens: 256 },
+    admin: { listen: `127.0.0.1:${adminPort}`, console: true, max_keys_per_owner: maxKeysPerOwner, ...admin },
+    services: [
+      { name: 'infer', upstream },
+      // Metered: the gateway reads the usage the fake upstream reports on chat completions.
+      { name: 'chatx', upstream: fakeUpstream, api: 'openai' },
+    ],
+  });
 }

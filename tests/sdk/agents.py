@@ -21,19 +21,16 @@ from harness import CheckFailed, expect, expect_eq
 # run.py's services for these checks (chatx's policy is run.py's CHATX_DEFAULT / CHATX_ALIASES).
 CLAUDE_DEFAULT = "demo-claude-default"
 CLAUDE_ALIASES = {"claude-sonnet-4-5": "demo-sonnet", "claude-haiku-4-5": "demo-haiku"}
-AGENTS_TOML = f"""[services.claude]
-upstream = "http://127.0.0.1:{{port}}/claude"
-scope = "claude"
-api = "anthropic"
-read_timeout_seconds = 30
-
-[services.claude.models]
-default = "{CLAUDE_DEFAULT}"
-aliases = {{ {", ".join(f'"{k}" = "{v}"' for k, v in CLAUDE_ALIASES.items())} }}
-"""
 REASONING = "Thinking about it."
 LEDGER_WAIT = 10        # seconds: the ledger is written every flush_seconds (1 s)
 COLUMNS = ("REQUESTS", "PROMPT", "COMPLETION", "REASONING", "CACHED")
+
+
+def agents_service(port):
+    """`claude`, the Anthropic service of these checks, on the fake upstream at `port` (a service
+    of run.py's config, tests/gateway_config.py)."""
+    return {"name": "claude", "upstream": f"http://127.0.0.1:{port}/claude", "api": "anthropic",
+            "read_timeout_seconds": 30, "models": {"default": CLAUDE_DEFAULT, "aliases": CLAUDE_ALIASES}}
 
 
 def fragments(text):

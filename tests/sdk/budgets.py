@@ -18,11 +18,7 @@ import openai
 from harness import CheckFailed, expect, expect_eq
 
 # run.py's [budgets] (the reservation rule below depends on it).
-BUDGETS_TOML = """[budgets]
-enforcement = "reserve"
-default_max_tokens = 1024
-prompt_bytes_per_token = 4
-"""
+BUDGETS = {"enforcement": "reserve", "default_max_tokens": 1024, "prompt_bytes_per_token": 4}
 PROMPT_BYTES_PER_TOKEN = 4
 MAX_TOKENS = 16             # stated on every request; the demo model's answers here are shorter
 RESET_SLACK = 5             # seconds a reset or Retry-After may differ from our clock's midnight
