@@ -7,9 +7,7 @@
 use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use portcullis::{
-    plan_body, Api, Encoding, Endpoint, Framing, Models, UsageContainer, UsageScanner,
-};
+use portcullis::{plan_body, Encoding, Endpoint, Framing, Models, UsageContainer, UsageScanner};
 use serde_json::{json, Value};
 
 /// The size every body and stream is grown to.
@@ -159,7 +157,7 @@ fn chat_body() -> Vec<u8> {
 
 fn validating(c: &mut Criterion) {
     let openai = Models::new(None, []);
-    let anthropic = Models::new(None, []).for_api(Api::Anthropic);
+    let anthropic = Models::new(None, []);
     for (name, endpoint, body, models) in [
         ("responses", Endpoint::Responses, responses_body(), &openai),
         ("messages", Endpoint::Messages, messages_body(), &anthropic),

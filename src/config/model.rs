@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 
 use super::{AdminSettings, Balancing};
-use crate::api::Models;
+use crate::api::{Api, Models};
 use crate::scope::Scope;
 
 #[derive(Debug, Clone)]
@@ -174,8 +174,10 @@ pub struct ServiceConfig {
     pub rate_limit_per_minute: Option<u32>,
     /// DER certificates from `ca_file`: the only roots trusted for this upstream when set.
     pub ca_certs: Option<Vec<Vec<u8>>>,
-    /// Set by `api` (`openai` or `anthropic`): the bodies of that API's endpoints are
-    /// validated and the model policy applied. `None`: bodies are never read.
+    /// `api` (`openai` or `anthropic`): the bodies of that API's endpoints are validated and
+    /// the model policy applied. `None`: bodies are never read.
+    pub api: Option<Api>,
+    /// The model policy (`[services.<name>.models]`): set exactly when `api` is.
     pub models: Option<Models>,
     /// `unmetered_paths`: forwarded paths (and what is below them) a caller with a token
     /// budget may call on this `api` service although nothing there is metered.

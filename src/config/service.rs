@@ -110,7 +110,7 @@ impl Validator<'_> {
                 self.problem(&format!("{key}.{k}"), "must be at least 1");
             }
         }
-        let models = self.model_policy(&key, s.api.as_deref(), s.models);
+        let (api, models) = self.model_policy(&key, s.api.as_deref(), s.models).unzip();
         let pkey = format!("{key}.unmetered_paths");
         if models.is_none() && !s.unmetered_paths.is_empty() {
             self.problem(
@@ -144,6 +144,7 @@ impl Validator<'_> {
             upstream_headers,
             rate_limit_per_minute: s.rate_limit_per_minute,
             ca_certs,
+            api,
             models,
             unmetered_paths: s.unmetered_paths,
         })
@@ -156,7 +157,7 @@ impl Validator<'_> {
         key: &str,
         api: Option<&str>,
         models: Option<file::Models>,
-    ) -> Option<Models> {
+    ) -> Option<(Api, Models)> {
         let api = match api {
             None => {
                 if models.is_some() {
@@ -195,6 +196,6 @@ impl Validator<'_> {
                 );
             }
         }
-        Some(Models::new(models.default, models.aliases).for_api(api))
+        Some((api, Models::new(models.default, models.aliases)))
     }
 }

@@ -247,8 +247,8 @@ fn the_model_policy_is_opt_in_and_checked() {
     .unwrap();
     assert!(c.services[0].models.is_some());
     let c = parse(&format!("{MINIMAL}api = \"anthropic\"\n")).unwrap();
-    let models = c.services[0].models.as_ref().unwrap();
-    assert_eq!(models.api(), crate::api::Api::Anthropic);
+    assert_eq!(c.services[0].api, Some(crate::api::Api::Anthropic));
+    assert!(c.services[0].models.is_some());
     let p = problems(&format!("{MINIMAL}api = \"gemini\"\n"));
     assert!(
         p.contains("services.infer.api")

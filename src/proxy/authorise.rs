@@ -30,10 +30,10 @@ pub(super) async fn call(
     }
     validate::declared_size(req, max_body)?;
     ctx.budget_class = budgets.and_then(|b| b.class_of(principal));
-    let endpoint = (route.models()).and_then(|m| Endpoint::of(m.api(), &req.method, forward));
+    let endpoint = (settings.api).and_then(|api| Endpoint::of(api, &req.method, forward));
     ctx.endpoint = endpoint;
     // No free generation: a caller with a token budget generates nothing the meter misses.
-    if settings.models.is_some()
+    if settings.api.is_some()
         && endpoint.is_none()
         && ctx.budget_class == Some(true)
         && !api::unmetered_allowed(&settings.unmetered_paths, &req.method, forward)

@@ -192,7 +192,7 @@ fn count_tokens_needs_no_max_tokens_and_generates_nothing() {
 
 #[test]
 fn the_policy_applies_to_messages_byte_for_byte() {
-    let models = policy().for_api(Api::Anthropic);
+    let models = policy();
     let body = r#"{"max_tokens":8,"messages":[{"role":"user","content":"x"}]}"#;
     assert_eq!(
         changed(Endpoint::Messages, body, &models),

@@ -2,6 +2,7 @@
 
 use super::tests::{applied, changed, has_model, no_policy, policy, CHAT_BODIES, USER_HI};
 use super::*;
+use crate::api::Api;
 
 // ---- Default model ----
 

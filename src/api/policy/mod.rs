@@ -22,14 +22,13 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use super::request::{self as body, BodyError};
-use super::{Api, Endpoint};
+use super::Endpoint;
 use include_usage::UsageRequest;
 pub(crate) use include_usage::MAX_GROWTH as USAGE_MAX_GROWTH;
 
 /// A service's policy, built once at start-up so that `apply` encodes nothing.
 #[derive(Debug, Clone)]
 pub struct Models {
-    api: Api,
     default: Option<DefaultModel>,
     /// Alias name (unescaped) -> the model it stands for.
     aliases: HashMap<String, Target>,
@@ -84,21 +83,10 @@ impl Models {
             .max()
             .unwrap_or(0);
         Models {
-            api: Api::OpenAi,
             default,
             aliases,
             max_growth,
         }
-    }
-
-    /// The same policy on a service speaking `api`.
-    pub fn for_api(self, api: Api) -> Models {
-        Models { api, ..self }
-    }
-
-    /// The API the service speaks: which endpoints are read.
-    pub fn api(&self) -> Api {
-        self.api
     }
 
     /// The most bytes the policy can add to a body: room a held body keeps for its edit.
