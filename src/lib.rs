@@ -26,6 +26,7 @@ mod routing;
 mod scope;
 mod server;
 mod shutdown;
+mod store;
 mod time;
 mod usage;
 
@@ -38,9 +39,7 @@ pub use cli::{run, Cli};
 pub use logging::init as init_logging;
 
 // Benchmarks and property tests of the request path's parts.
-pub use auth::api_keys::{
-    create_key, open_store, ApiKeyVerifier, Grouping, KeyStore, UsageCounts, UsageQuery, UsageRow,
-};
+pub use auth::api_keys::{create_key, ApiKeyVerifier};
 pub use auth::jwt::JwtVerifier;
 pub use auth::token::{classify as classify_bearer, Bearer};
 pub use config::{Config, JwtSettings};
@@ -51,4 +50,5 @@ pub use proxy::peer_for;
 pub use replicas::prefix::{body_key as affinity_body_key, session_key as affinity_session_key};
 pub use replicas::Replicas;
 pub use routing::{classify as classify_path, Target};
+pub use store::{open_store, Grouping, KeyStore, UsageCounts, UsageQuery, UsageRow};
 pub use usage::{Dialect, Encoding, Framing, UsageScanner};

@@ -17,7 +17,7 @@ use pingora::services::listening::Service;
 use crate::access_log;
 use crate::admin::{AdminApp, AdminDeps, Retention};
 use crate::admission::Admission;
-use crate::auth::api_keys::{open_store, ApiKeyVerifier, KeyEvictor, KeyStore, RevocationPush};
+use crate::auth::api_keys::{ApiKeyVerifier, KeyEvictor, RevocationPush};
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::Authenticator;
 use crate::budgets::{BudgetSync, Budgets, SyncState};
@@ -29,6 +29,7 @@ use crate::proxy::{upstream, Gateway};
 use crate::rate_limit::Backend;
 use crate::replicas::{DnsRefresh, HealthChecks, MakePeer, Replicas, UpstreamResolver};
 use crate::shutdown::{Connections, Drain, Tracked, Watchdog};
+use crate::store::{open_store, KeyStore};
 
 pub(crate) struct ServeOptions {
     pub daemon: bool,

@@ -12,8 +12,8 @@ use serde_json::{json, Map, Value};
 
 use super::reply::{store_failed, Reply};
 use super::KeyEvent;
-use crate::auth::api_keys::{Budget, KeyStore, Subject, WindowStarts, WindowUsage};
 use crate::auth::Principal;
+use crate::store::{Budget, KeyStore, Subject, WindowStarts, WindowUsage};
 use crate::time::{rfc3339, unix_now};
 
 /// The `budget` member of a request body: absent (`None`), or the budget it sets (empty for

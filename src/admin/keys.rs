@@ -9,12 +9,11 @@ use super::budgets::{self, budget_json, key_used_json};
 use super::paging::{cursor, ListQuery};
 use super::reply::{store_failed, Reply};
 use super::KeyEvent;
-use crate::auth::api_keys::{
-    create_owned_key, KeyEvictor, KeyRecord, KeySpec, KeyStore, PageEnd, WindowStarts, WindowUsage,
-};
+use crate::auth::api_keys::{create_owned_key, KeyEvictor, KeySpec};
 use crate::auth::token::KeyId;
 use crate::auth::Principal;
 use crate::scope::Scope;
+use crate::store::{KeyRecord, KeyStore, PageEnd, WindowStarts, WindowUsage};
 use crate::time::rfc3339;
 use crate::time::{parse_lifetime, unix_now};
 

@@ -24,7 +24,7 @@ use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 
 use crate::access_log::AccessLog;
-use crate::auth::api_keys::{Budget, KeyEvictor, KeyStore};
+use crate::auth::api_keys::KeyEvictor;
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::token::{self, Bearer, ShapeError};
 use crate::auth::{AuthFailure, Principal};
@@ -32,6 +32,7 @@ use crate::config::{AdminSettings, Config};
 use crate::metrics::Metrics;
 use crate::proxy::RequestId;
 use crate::rate_limit::Limiter;
+use crate::store::{Budget, KeyStore};
 use pingora::http::ResponseHeader;
 use reply::Reply;
 pub(crate) use retention::Retention;

@@ -22,12 +22,12 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use prometheus::{IntCounterVec, Opts};
 
-use crate::auth::api_keys::{Budget, KeyStore, Subject};
 use crate::auth::Principal;
 use crate::config::{BudgetSettings, Enforcement};
 use crate::metrics::Metrics;
 use crate::model_policy::CapRule;
 use crate::rate_limit::Backend;
+use crate::store::{Budget, KeyStore, Subject};
 use crate::time::{rfc3339, Clock};
 use local::Local;
 use shared::{Counter, Reply, Shared};

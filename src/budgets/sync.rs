@@ -17,7 +17,7 @@ use pingora::services::background::BackgroundService;
 use super::shared::{counter_key, expiry};
 use super::window::{Kind, Windows};
 use super::{Budgets, Table, Who};
-use crate::auth::api_keys::{Budget, BudgetChange, KeyStore, StoreError, Subject, WindowUsage};
+use crate::store::{Budget, BudgetChange, KeyStore, StoreError, Subject, WindowUsage};
 
 /// How often the store is asked for budget changes.
 pub(crate) const POLL: Duration = Duration::from_millis(250);

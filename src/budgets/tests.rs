@@ -8,14 +8,14 @@ use async_trait::async_trait;
 
 use super::window::Kind;
 use super::{Ask, Budgets, SyncState};
-use crate::auth::api_keys::{
-    Budget, BudgetChange, KeyRecord, KeyStore, StoreError, StoredKey, Subject, WindowStarts,
-    WindowUsage,
-};
 use crate::auth::{Principal, PrincipalKind};
 use crate::config::{BudgetSettings, Enforcement, RedisServer as RedisUrl};
 use crate::metrics::Metrics;
 use crate::rate_limit::Backend;
+use crate::store::{
+    Budget, BudgetChange, KeyRecord, KeyStore, StoreError, StoredKey, Subject, WindowStarts,
+    WindowUsage,
+};
 use crate::time::{parse_date, Clock};
 
 /// Budgets and ledger sums, as a store would hold them.

@@ -9,11 +9,9 @@ use clap::{Args, Subcommand};
 
 use super::record_event;
 use crate::access_log::KeyEventFields;
-use crate::auth::api_keys::{
-    self, Budget, KeyRecord, KeyStore, Subject, WindowStarts, WindowUsage,
-};
 use crate::auth::token::KeyId;
 use crate::config::Config;
+use crate::store::{open_store, Budget, KeyRecord, KeyStore, Subject, WindowStarts, WindowUsage};
 use crate::time::{rfc3339, unix_now};
 
 /// The four limits, each a whole number (or `none` to remove that limit).
@@ -180,7 +178,7 @@ pub(crate) fn owners(command: OwnersCommand) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async {
-        let store = api_keys::open_store(&settings.database, false)
+        let store = open_store(&settings.database, false)
             .await
             .map_err(|e| format!("cannot open the key store: {e}"))?;
         let now = store

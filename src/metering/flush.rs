@@ -16,8 +16,8 @@ use pingora::services::background::BackgroundService;
 use prometheus::{IntCounterVec, IntGauge, Opts};
 
 use super::Meter;
-use crate::auth::api_keys::{open_store, KeyStore, StoreError, UsageRow};
 use crate::metrics::Metrics;
+use crate::store::{open_store, KeyStore, StoreError, UsageRow};
 
 /// A write that takes longer is abandoned (rolled back) and retried on the next tick.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -12,9 +12,9 @@ use sqlx::postgres::PgListener;
 use std::sync::Arc;
 
 use super::lookup::{self, Lookup};
-use super::store::CHANNEL;
 use super::Entry;
 use crate::auth::token::KeyId;
+use crate::store::{check_postgres_url, CHANNEL};
 
 const BACKOFF_START: Duration = Duration::from_secs(1);
 /// Also how long a store that is back can go unnoticed: while the listener is down, it is
@@ -102,8 +102,8 @@ impl RevocationPush {
     async fn listen(&self) -> Result<PgListener, sqlx::Error> {
         // One attempt, promptly: the listener's own pool would otherwise retry for 30 s
         // before telling that the store is down.
-        let options = super::store::check_postgres_url(&self.url)
-            .map_err(|e| sqlx::Error::Configuration(e.into()))?;
+        let options =
+            check_postgres_url(&self.url).map_err(|e| sqlx::Error::Configuration(e.into()))?;
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(CONNECT_WAIT)

@@ -11,6 +11,7 @@ use testkit::postgres::Postgres;
 
 use super::*;
 use crate::auth::token::{classify, Bearer};
+use crate::store::open_store;
 
 /// Races per announcement path; the delays sweep the revoke across the lookup's round trip.
 const RACES: usize = 600;

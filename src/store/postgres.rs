@@ -3,7 +3,7 @@
 //! Same rows and semantics as the SQLite store. The schema is applied by numbered migrations
 //! under a transaction-level advisory lock, so gateways and CLIs starting at once take turns.
 //! A revoke notifies `CHANNEL` in the same transaction (delivered on commit), which every
-//! gateway LISTENs to (see `api_keys/push.rs`).
+//! gateway LISTENs to (see `auth/api_keys/push.rs`).
 
 use std::collections::HashMap;
 use std::str::FromStr;
