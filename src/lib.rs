@@ -50,5 +50,8 @@ pub use proxy::peer_for;
 pub use replicas::prefix::{body_key as affinity_body_key, session_key as affinity_session_key};
 pub use replicas::Replicas;
 pub use routing::{classify as classify_path, Target};
-pub use store::{open_store, Grouping, KeyStore, UsageCounts, UsageQuery, UsageRow};
+pub use store::{
+    open_store, BudgetStore, Grouping, KeyStore, LedgerStore, Store, UsageCounts, UsageQuery,
+    UsageRow,
+};
 pub use usage::{Dialect, Encoding, Framing, UsageScanner};

@@ -29,7 +29,7 @@ use crate::proxy::{upstream, Gateway};
 use crate::rate_limit::Backend;
 use crate::replicas::{DnsRefresh, HealthChecks, MakePeer, Replicas, UpstreamResolver};
 use crate::shutdown::{Connections, Drain, Tracked, Watchdog};
-use crate::store::{open_store, KeyStore};
+use crate::store::{open_store, Store};
 
 pub(crate) struct ServeOptions {
     pub daemon: bool,
@@ -248,7 +248,7 @@ fn redis_backend(config: &Config, metrics: &Metrics) -> Option<Arc<Backend>> {
 fn budgets(
     config: &Config,
     settings: BudgetSettings,
-    store: &Arc<dyn KeyStore>,
+    store: &Arc<dyn Store>,
     redis: Option<Arc<Backend>>,
     metrics: &Metrics,
 ) -> Arc<Budgets> {
@@ -363,7 +363,7 @@ async fn resolve_with_own_dns(config: &mut Config) -> Result<(), String> {
 }
 
 /// The store and the cache handle the key API shares with the data plane.
-type SharedKeys = (Arc<dyn KeyStore>, KeyEvictor);
+type SharedKeys = (Arc<dyn Store>, KeyEvictor);
 
 async fn build_auth(
     config: &Config,
@@ -384,7 +384,7 @@ async fn build_auth(
         let store = open_store(&keys.database, true)
             .await
             .map_err(|e| format!("auth.api_keys.database: cannot open: {e}"))?;
-        let verifier = ApiKeyVerifier::new(store, keys.cache_ttl, keys.negative_cache_ttl)
+        let verifier = ApiKeyVerifier::new(store.clone(), keys.cache_ttl, keys.negative_cache_ttl)
             .with_lookup_counter(metrics.key_store_lookups());
         if keys.revocation_push {
             push = Some(
@@ -393,7 +393,7 @@ async fn build_auth(
                     .with_event_counter(metrics.revocation_push_events()),
             );
         }
-        shared = Some((verifier.store(), verifier.evictor()));
+        shared = Some((store, verifier.evictor()));
         auth.api_keys = Some(verifier);
     }
     let jwt = match &config.jwt {

@@ -13,7 +13,7 @@ use crate::auth::api_keys::{create_owned_key, KeyEvictor, KeySpec};
 use crate::auth::token::KeyId;
 use crate::auth::Principal;
 use crate::scope::Scope;
-use crate::store::{KeyRecord, KeyStore, PageEnd, WindowStarts, WindowUsage};
+use crate::store::{KeyRecord, PageEnd, Store, WindowStarts, WindowUsage};
 use crate::time::rfc3339;
 use crate::time::{parse_lifetime, unix_now};
 
@@ -23,7 +23,7 @@ const MAX_NAME_CHARS: usize = 64;
 const MAX_SCOPES: usize = 32;
 
 pub(crate) struct Ops<'a> {
-    pub store: &'a dyn KeyStore,
+    pub store: &'a dyn Store,
     pub evictor: &'a KeyEvictor,
     pub caller: &'a Principal,
     pub is_admin: bool,

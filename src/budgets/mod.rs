@@ -27,7 +27,7 @@ use crate::config::{BudgetSettings, Enforcement};
 use crate::metrics::Metrics;
 use crate::model_policy::CapRule;
 use crate::rate_limit::Backend;
-use crate::store::{Budget, KeyStore, Subject};
+use crate::store::{Budget, Store, Subject};
 use crate::time::{rfc3339, Clock};
 use local::Local;
 use shared::{Counter, Reply, Shared};
@@ -191,7 +191,7 @@ pub(crate) struct Budgets {
     table: ArcSwap<Table>,
     local: Local,
     shared: Option<Shared>,
-    store: Arc<dyn KeyStore>,
+    store: Arc<dyn Store>,
     /// The windows' clock, for seeding as for requests: a test's stays on its fixed day.
     clock: Clock,
     /// The counters were seeded from the ledger: until then no budget is decided (a restart
@@ -205,7 +205,7 @@ impl Budgets {
     /// `services`: every registered service, whose rejection counters start at 0.
     pub(crate) fn new(
         settings: BudgetSettings,
-        store: Arc<dyn KeyStore>,
+        store: Arc<dyn Store>,
         redis: Option<Arc<Backend>>,
         metrics: &Metrics,
         services: &[&str],

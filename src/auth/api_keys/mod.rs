@@ -115,11 +115,6 @@ impl ApiKeyVerifier {
         )
     }
 
-    /// The store, shared with the key API.
-    pub fn store(&self) -> Arc<dyn KeyStore> {
-        self.lookup.store.clone()
-    }
-
     /// A handle that drops keys from this verifier's cache, for the key API's revokes.
     pub fn evictor(&self) -> KeyEvictor {
         KeyEvictor(self.cache.clone(), self.lookup.clone())

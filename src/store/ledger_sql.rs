@@ -1,39 +1,15 @@
-//! The usage ledger's rows and statements, shared by both stores: `usage_hourly` (what budgets
-//! will sum over hours, days and months) and its rollup `usage_daily` (what `GET /v1/usage`
-//! and `portcullis usage` read), both written in one transaction per flush.
+//! The usage ledger's statements, shared by both stores: rows added to `usage_hourly` and its
+//! rollup `usage_daily` in one transaction per flush, and reports read from the rollup.
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
-use super::StoreError;
+use super::{Grouping, StoreError, UsageCounts, UsageQuery, UsageRow, UsageTotal};
 
 /// Rows per `INSERT` statement: far under either database's limit on bound parameters
 /// (11 per row), and few statements per flush.
 pub(super) const CHUNK: usize = 500;
 
 const DAY: i64 = 86_400;
-
-/// What one (hour, key, owner, service, model) used.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UsageCounts {
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub reasoning_tokens: u64,
-    pub cached_tokens: u64,
-    /// Requests whose usage was estimated (an abandoned stream).
-    pub estimated_requests: u64,
-}
-
-impl std::ops::AddAssign for UsageCounts {
-    fn add_assign(&mut self, o: UsageCounts) {
-        self.requests += o.requests;
-        self.prompt_tokens += o.prompt_tokens;
-        self.completion_tokens += o.completion_tokens;
-        self.reasoning_tokens += o.reasoning_tokens;
-        self.cached_tokens += o.cached_tokens;
-        self.estimated_requests += o.estimated_requests;
-    }
-}
 
 impl UsageCounts {
     /// In column order; the databases store signed 64 bits, which no real count reaches.
@@ -48,19 +24,6 @@ impl UsageCounts {
         ]
         .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
     }
-}
-
-/// One row added to the ledger. Absent parts are stored as `''` so they can be part of the
-/// primary key: `key_id` for JWT callers, `owner` for keys made without one, `model` unknown.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageRow {
-    /// Unix seconds of the start of the UTC hour (of the day, in `usage_daily`).
-    pub hour: i64,
-    pub key_id: String,
-    pub owner: String,
-    pub service: String,
-    pub model: String,
-    pub counts: UsageCounts,
 }
 
 impl UsageRow {
@@ -238,38 +201,6 @@ const COUNT_COLUMNS: [&str; 6] = [
     "estimated_requests",
 ];
 
-/// Which of day, key, service and model a query splits its totals by. Totals are always split
-/// by owner as well.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Grouping {
-    pub day: bool,
-    pub key: bool,
-    pub service: bool,
-    pub model: bool,
-}
-
-/// Totals from `usage_daily` for the UTC days `from_day..=to_day` (unix seconds of each day's
-/// start), of one owner or of everyone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageQuery {
-    pub from_day: i64,
-    pub to_day: i64,
-    pub owner: Option<String>,
-    pub group: Grouping,
-}
-
-/// One line of totals. A part not grouped by is `None`; a grouped part keeps the ledger's
-/// `''` for "none" (a JWT call's key, an unknown model).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageTotal {
-    pub day: Option<i64>,
-    pub key_id: Option<String>,
-    pub owner: String,
-    pub service: Option<String>,
-    pub model: Option<String>,
-    pub counts: UsageCounts,
-}
-
 /// The grouping columns of a query, in output order (owner always).
 fn group_columns(g: &Grouping) -> Vec<&'static str> {
     let mut columns = Vec::with_capacity(5);
@@ -287,7 +218,7 @@ fn group_columns(g: &Grouping) -> Vec<&'static str> {
     columns
 }
 
-/// The statement of `KeyStore::usage`; parameters: first day, last day, then the owner when
+/// The statement of `LedgerStore::usage`; parameters: first day, last day, then the owner when
 /// filtered. Read through the primary key (a day range) or `usage_daily_owner` (one owner's
 /// days). The database returns the whole answer as one JSON array of row arrays (grouped parts,
 /// then the counts): a report of thousands of rows then costs one value to fetch, where row by
