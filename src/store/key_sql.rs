@@ -1,8 +1,9 @@
 //! API keys in the store, the same statements on both databases (`mark`: the dialect's
 //! placeholder prefix, `?` or `$`), and one mapping from a row of `api_keys` to a key.
 
-use sqlx::{ColumnIndex, Decode, Row, Type};
+use sqlx::Row;
 
+use super::sql_bounds::with_sql_bounds;
 use super::{budget_sql, KeyRecord, StoreError, StoredKey};
 
 /// The statement of one page of `KeyStore::page`, one per shape (so each is planned on its
@@ -43,41 +44,35 @@ pub(super) fn purge_sql(mark: char) -> String {
     )
 }
 
-/// A row of `api_keys` as a record, on either database.
-pub(super) fn record<R>(row: &R) -> Result<KeyRecord, sqlx::Error>
-where
-    R: Row,
-    for<'c> &'c str: ColumnIndex<R>,
-    for<'d> String: Decode<'d, R::Database> + Type<R::Database>,
-    for<'d> i64: Decode<'d, R::Database> + Type<R::Database>,
-{
-    let scopes: String = row.try_get("scopes")?;
-    Ok(KeyRecord {
-        key_id: row.try_get("key_id")?,
-        name: row.try_get("name")?,
-        scopes: scopes.split_whitespace().map(str::to_string).collect(),
-        created_at: row.try_get("created_at")?,
-        expires_at: row.try_get("expires_at")?,
-        revoked_at: row.try_get("revoked_at")?,
-        owner: row.try_get("owner")?,
-        budget: budget_sql::budget_of(row)?,
-    })
-}
+with_sql_bounds!(
+    /// A row of `api_keys` as a record, on either database.
+    fn record<DB>(row: &DB::Row) -> Result<KeyRecord, sqlx::Error> {
+        let scopes: String = row.try_get("scopes")?;
+        Ok(KeyRecord {
+            key_id: row.try_get("key_id")?,
+            name: row.try_get("name")?,
+            scopes: scopes.split_whitespace().map(str::to_string).collect(),
+            created_at: row.try_get("created_at")?,
+            expires_at: row.try_get("expires_at")?,
+            revoked_at: row.try_get("revoked_at")?,
+            owner: row.try_get("owner")?,
+            budget: budget_sql::budget_of::<DB>(row)?,
+        })
+    }
 
-/// A row of `api_keys` with its verifier, on either database.
-pub(super) fn stored<R>(row: &R) -> Result<StoredKey, StoreError>
-where
-    R: Row,
-    for<'c> &'c str: ColumnIndex<R>,
-    for<'d> String: Decode<'d, R::Database> + Type<R::Database>,
-    for<'d> i64: Decode<'d, R::Database> + Type<R::Database>,
-    for<'d> Vec<u8>: Decode<'d, R::Database> + Type<R::Database>,
-{
-    let verifier: Vec<u8> = row.try_get("verifier")?;
-    Ok(StoredKey {
-        record: record(row)?,
-        verifier: verifier
-            .try_into()
-            .map_err(|_| "stored verifier has the wrong length")?,
-    })
-}
+    /// Rows of `api_keys` as records: a listing.
+    pub(super) fn records<DB>(rows: &[DB::Row]) -> Result<Vec<KeyRecord>, sqlx::Error> {
+        rows.iter().map(record::<DB>).collect()
+    }
+
+    /// A row of `api_keys` with its verifier, on either database.
+    pub(super) fn stored<DB>(row: &DB::Row) -> Result<StoredKey, StoreError> {
+        let verifier: Vec<u8> = row.try_get("verifier")?;
+        Ok(StoredKey {
+            record: record::<DB>(row)?,
+            verifier: verifier
+                .try_into()
+                .map_err(|_| "stored verifier has the wrong length")?,
+        })
+    }
+);

@@ -1,8 +1,9 @@
 //! The usage ledger's statements, shared by both stores: rows added to `usage_hourly` and its
 //! rollup `usage_daily` in one transaction per flush, and reports read from the rollup.
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
+use sqlx::Pool;
 
+use super::sql_bounds::with_sql_bounds;
 use super::{Grouping, StoreError, UsageCounts, UsageQuery, UsageRow, UsageTotal};
 
 /// Rows per `INSERT` statement: far under either database's limit on bound parameters
@@ -49,88 +50,74 @@ impl UsageRow {
 /// How long a written batch id is remembered: far longer than any retry of its write.
 const BATCHES_KEPT_SECONDS: i64 = 86_400;
 
-/// Adds `rows` to both tables in one transaction, on either database (`mark`: its placeholder
-/// prefix); with `batch`, only if that batch was not written before (its id is recorded in
-/// the same transaction, so a commit that succeeded but was reported failed is not repeated).
-pub(super) async fn add<DB>(
-    pool: &Pool<DB>,
-    batch: Option<&str>,
-    rows: &[UsageRow],
-    mark: char,
-) -> Result<(), StoreError>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'q> i64: Encode<'q, DB> + Type<DB>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-{
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let (hourly, daily) = (sorted(rows), daily(rows));
-    let mut tx = pool.begin().await?;
-    if let Some(batch) = batch {
-        let now = crate::time::unix_now();
-        let sql = format!(
-            "INSERT INTO usage_batches (batch_id, written_at) VALUES ({mark}1, {mark}2) \
-             ON CONFLICT (batch_id) DO NOTHING RETURNING written_at"
-        );
-        let query = sqlx::query(&sql).bind(batch).bind(now);
-        if query.fetch_optional(&mut *tx).await?.is_none() {
-            // Written before: this is a retry of a write that did commit.
+with_sql_bounds!(
+    /// Adds `rows` to both tables in one transaction, on either database (`mark`: its placeholder
+    /// prefix); with `batch`, only if that batch was not written before (its id is recorded in
+    /// the same transaction, so a commit that succeeded but was reported failed is not repeated).
+    pub(super) async fn add<DB>(
+        pool: &Pool<DB>,
+        batch: Option<&str>,
+        rows: &[UsageRow],
+        mark: char,
+    ) -> Result<(), StoreError> {
+        if rows.is_empty() {
             return Ok(());
         }
-        let sql = format!("DELETE FROM usage_batches WHERE written_at < {mark}1");
-        let cutoff = now - BATCHES_KEPT_SECONDS;
-        sqlx::query(&sql).bind(cutoff).execute(&mut *tx).await?;
-    }
-    for (table, rows) in [(Table::Hourly, &hourly), (Table::Daily, &daily)] {
-        for chunk in rows.chunks(CHUNK) {
-            let sql = add_sql(table, chunk.len(), mark);
-            let mut query = sqlx::query(&sql);
-            for row in chunk {
-                let (texts, counts) = row.values();
-                query = query.bind(row.hour);
-                for text in texts {
-                    query = query.bind(text);
-                }
-                for count in counts {
-                    query = query.bind(count);
-                }
+        let (hourly, daily) = (sorted(rows), daily(rows));
+        let mut tx = pool.begin().await?;
+        if let Some(batch) = batch {
+            let now = crate::time::unix_now();
+            let sql = format!(
+                "INSERT INTO usage_batches (batch_id, written_at) VALUES ({mark}1, {mark}2) \
+                 ON CONFLICT (batch_id) DO NOTHING RETURNING written_at"
+            );
+            let query = sqlx::query(&sql).bind(batch).bind(now);
+            if query.fetch_optional(&mut *tx).await?.is_none() {
+                // Written before: this is a retry of a write that did commit.
+                return Ok(());
             }
-            query.execute(&mut *tx).await?;
+            let sql = format!("DELETE FROM usage_batches WHERE written_at < {mark}1");
+            let cutoff = now - BATCHES_KEPT_SECONDS;
+            sqlx::query(&sql).bind(cutoff).execute(&mut *tx).await?;
         }
+        for (table, rows) in [(Table::Hourly, &hourly), (Table::Daily, &daily)] {
+            for chunk in rows.chunks(CHUNK) {
+                let sql = add_sql(table, chunk.len(), mark);
+                let mut query = sqlx::query(&sql);
+                for row in chunk {
+                    let (texts, counts) = row.values();
+                    query = query.bind(row.hour);
+                    for text in texts {
+                        query = query.bind(text);
+                    }
+                    for count in counts {
+                        query = query.bind(count);
+                    }
+                }
+                query.execute(&mut *tx).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
     }
-    tx.commit().await?;
-    Ok(())
-}
 
-/// A report from the rollup, on either database (`postgres`: its dialect).
-pub(super) async fn report<DB>(
-    pool: &Pool<DB>,
-    q: &UsageQuery,
-    postgres: bool,
-) -> Result<Vec<UsageTotal>, StoreError>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'q> i64: Encode<'q, DB> + Type<DB>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    usize: ColumnIndex<DB::Row>,
-{
-    let sql = usage_sql(q, postgres);
-    let mut query = sqlx::query_scalar::<_, String>(&sql)
-        .bind(q.from_day)
-        .bind(q.to_day);
-    if let Some(owner) = &q.owner {
-        query = query.bind(owner.as_str());
+    /// A report from the rollup, on either database (`postgres`: its dialect).
+    pub(super) async fn report<DB>(
+        pool: &Pool<DB>,
+        q: &UsageQuery,
+        postgres: bool,
+    ) -> Result<Vec<UsageTotal>, StoreError> {
+        let sql = usage_sql(q, postgres);
+        let mut query = sqlx::query_scalar::<_, String>(&sql)
+            .bind(q.from_day)
+            .bind(q.to_day);
+        if let Some(owner) = &q.owner {
+            query = query.bind(owner.as_str());
+        }
+        let json = query.fetch_one(pool).await?;
+        totals(&json, &q.group)
     }
-    let json = query.fetch_one(pool).await?;
-    totals(&json, &q.group)
-}
+);
 
 /// Sorted by primary key, so that concurrent flushes of a fleet lock rows in one order.
 pub(super) fn sorted(rows: &[UsageRow]) -> Vec<UsageRow> {

@@ -19,6 +19,7 @@ mod ledger;
 mod ledger_sql;
 mod migrations;
 mod postgres;
+mod sql_bounds;
 mod sqlite;
 mod window_sql;
 

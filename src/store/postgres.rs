@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, PgConnection, Postgres};
 
-use super::key_sql::{page_sql, purge_sql, record, stored};
+use super::key_sql::{page_sql, purge_sql, records, stored};
 use super::migrations::{newer_than_known, MIGRATIONS, MIGRATIONS_TABLE};
 use super::{budget_sql, ledger_sql, window_sql};
 use super::{
@@ -177,7 +177,7 @@ impl KeyStore for PgStore {
             .bind(key_id)
             .fetch_optional(&self.pool)
             .await?;
-        row.as_ref().map(stored).transpose()
+        row.as_ref().map(stored::<Postgres>).transpose()
     }
 
     async fn insert(&self, key: &StoredKey) -> Result<(), StoreError> {
@@ -238,7 +238,7 @@ impl KeyStore for PgStore {
                 .bind(owner)
                 .fetch_all(&self.pool)
                 .await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Postgres>(&rows)?)
     }
 
     async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
@@ -246,7 +246,7 @@ impl KeyStore for PgStore {
         let rows = sqlx::query("SELECT * FROM api_keys ORDER BY created_at, key_id")
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Postgres>(&rows)?)
     }
 
     async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError> {
@@ -289,7 +289,7 @@ impl KeyStore for PgStore {
             query = query.bind(end.created_at).bind(&end.key_id);
         }
         let rows = query.bind(limit as i64).fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Postgres>(&rows)?)
     }
 
     async fn purge_revoked(&self, before: i64, batch: u32) -> Result<u64, StoreError> {

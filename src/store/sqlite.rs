@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::Sqlite;
 
-use super::key_sql::{page_sql, purge_sql, record, stored};
+use super::key_sql::{page_sql, purge_sql, records, stored};
 use super::migrations::{newer_than_known, MIGRATIONS, MIGRATIONS_TABLE};
 use super::{budget_sql, ledger_sql, window_sql};
 use super::{
@@ -151,7 +152,7 @@ impl KeyStore for SqliteStore {
             .bind(key_id)
             .fetch_optional(&self.pool)
             .await?;
-        row.as_ref().map(stored).transpose()
+        row.as_ref().map(stored::<Sqlite>).transpose()
     }
 
     async fn insert(&self, key: &StoredKey) -> Result<(), StoreError> {
@@ -199,14 +200,14 @@ impl KeyStore for SqliteStore {
                 .bind(owner)
                 .fetch_all(&self.pool)
                 .await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Sqlite>(&rows)?)
     }
 
     async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
         let rows = sqlx::query("SELECT * FROM api_keys ORDER BY created_at, key_id")
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Sqlite>(&rows)?)
     }
 
     async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError> {
@@ -235,7 +236,7 @@ impl KeyStore for SqliteStore {
             query = query.bind(end.created_at).bind(&end.key_id);
         }
         let rows = query.bind(limit as i64).fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Sqlite>(&rows)?)
     }
 
     async fn purge_revoked(&self, before: i64, batch: u32) -> Result<u64, StoreError> {

@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+use sqlx::{Pool, Row};
 
+use super::sql_bounds::with_sql_bounds;
 use super::{StoreError, Subject, WindowStarts, WindowUsage};
 
 /// Subjects per `IN (…)` list: far under either database's limit on bound parameters.
@@ -61,90 +62,69 @@ pub(super) fn window_sql(column: &str, which: Which, mark: char) -> [String; 2] 
     ]
 }
 
-/// The current windows' sums of the subjects in `ids` (every subject with `Which::All` and no
-/// ids), by `column`, read in one transaction (a snapshot on both databases, so a flush landing
-/// between the statements is seen by both or neither). Subjects without usage in the month are
-/// left out.
-pub(super) async fn window_usage<DB>(
-    pool: &Pool<DB>,
-    column: &str,
-    ids: Option<&[&str]>,
-    starts: WindowStarts,
-    mark: char,
-) -> Result<HashMap<String, WindowUsage>, StoreError>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'q> i64: Encode<'q, DB> + Type<DB>,
-    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'c> &'c str: ColumnIndex<DB::Row>,
-    usize: ColumnIndex<DB::Row>,
-{
-    let mut out: HashMap<String, WindowUsage> = HashMap::new();
-    let chunks: Vec<Option<&[&str]>> = match ids {
-        None => vec![None],
-        Some([]) => return Ok(out),
-        Some(ids) => ids.chunks(CHUNK).map(Some).collect(),
-    };
-    let count = |n: i64| n.max(0) as u64;
-    let mut tx = pool.begin().await?;
-    if mark == '$' {
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
-            .await?;
+with_sql_bounds!(
+    /// The current windows' sums of the subjects in `ids` (every subject with `Which::All` and no
+    /// ids), by `column`, read in one transaction (a snapshot on both databases, so a flush landing
+    /// between the statements is seen by both or neither). Subjects without usage in the month are
+    /// left out.
+    pub(super) async fn window_usage<DB>(
+        pool: &Pool<DB>,
+        column: &str,
+        ids: Option<&[&str]>,
+        starts: WindowStarts,
+        mark: char,
+    ) -> Result<HashMap<String, WindowUsage>, StoreError> {
+        let mut out: HashMap<String, WindowUsage> = HashMap::new();
+        let chunks: Vec<Option<&[&str]>> = match ids {
+            None => vec![None],
+            Some([]) => return Ok(out),
+            Some(ids) => ids.chunks(CHUNK).map(Some).collect(),
+        };
+        let count = |n: i64| n.max(0) as u64;
+        let mut tx = pool.begin().await?;
+        if mark == '$' {
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                .execute(&mut *tx)
+                .await?;
+        }
+        for chunk in chunks {
+            let which = chunk.map_or(Which::All, |c| Which::Named(c.len()));
+            let [hourly, daily] = window_sql(column, which, mark);
+            let mut days = sqlx::query(&daily).bind(starts.day).bind(starts.month);
+            let mut hours = sqlx::query(&hourly).bind(starts.hour);
+            for id in chunk.unwrap_or_default() {
+                days = days.bind(*id);
+                hours = hours.bind(*id);
+            }
+            for row in days.fetch_all(&mut *tx).await? {
+                let used = out.entry(row.try_get(0)?).or_default();
+                used.day_tokens = count(row.try_get(1)?);
+                used.day_requests = count(row.try_get(2)?);
+                used.month_tokens = count(row.try_get(3)?);
+            }
+            for row in hours.fetch_all(&mut *tx).await? {
+                out.entry(row.try_get(0)?).or_default().hour_tokens = count(row.try_get(1)?);
+            }
+        }
+        tx.commit().await?;
+        Ok(out)
     }
-    for chunk in chunks {
-        let which = chunk.map_or(Which::All, |c| Which::Named(c.len()));
-        let [hourly, daily] = window_sql(column, which, mark);
-        let mut days = sqlx::query(&daily).bind(starts.day).bind(starts.month);
-        let mut hours = sqlx::query(&hourly).bind(starts.hour);
-        for id in chunk.unwrap_or_default() {
-            days = days.bind(*id);
-            hours = hours.bind(*id);
-        }
-        for row in days.fetch_all(&mut *tx).await? {
-            let used = out.entry(row.try_get(0)?).or_default();
-            used.day_tokens = count(row.try_get(1)?);
-            used.day_requests = count(row.try_get(2)?);
-            used.month_tokens = count(row.try_get(3)?);
-        }
-        for row in hours.fetch_all(&mut *tx).await? {
-            out.entry(row.try_get(0)?).or_default().hour_tokens = count(row.try_get(1)?);
-        }
-    }
-    tx.commit().await?;
-    Ok(out)
-}
 
-/// `LedgerStore::all_window_usage`: every key, then every owner, four grouped statements in all.
-pub(super) async fn all_window_usage<DB>(
-    pool: &Pool<DB>,
-    starts: WindowStarts,
-    mark: char,
-) -> Result<Vec<(Subject, WindowUsage)>, StoreError>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'q> i64: Encode<'q, DB> + Type<DB>,
-    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'c> &'c str: ColumnIndex<DB::Row>,
-    usize: ColumnIndex<DB::Row>,
-{
-    let keys = window_usage(pool, "key_id", None, starts, mark).await?;
-    let owners = window_usage(pool, "owner", None, starts, mark).await?;
-    let mut out: Vec<(Subject, WindowUsage)> = keys
-        .into_iter()
-        .map(|(k, u)| (Subject::Key(k), u))
-        .chain(owners.into_iter().map(|(o, u)| (Subject::Owner(o), u)))
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
-}
+    /// `LedgerStore::all_window_usage`: every key, then every owner, four grouped statements in
+    /// all.
+    pub(super) async fn all_window_usage<DB>(
+        pool: &Pool<DB>,
+        starts: WindowStarts,
+        mark: char,
+    ) -> Result<Vec<(Subject, WindowUsage)>, StoreError> {
+        let keys = window_usage(pool, "key_id", None, starts, mark).await?;
+        let owners = window_usage(pool, "owner", None, starts, mark).await?;
+        let mut out: Vec<(Subject, WindowUsage)> = keys
+            .into_iter()
+            .map(|(k, u)| (Subject::Key(k), u))
+            .chain(owners.into_iter().map(|(o, u)| (Subject::Owner(o), u)))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+);
