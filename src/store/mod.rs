@@ -31,7 +31,9 @@ pub use keys::KeyStore;
 pub(crate) use keys::{KeyRecord, PageEnd, StoredKey};
 pub use ledger::{Grouping, LedgerStore, UsageCounts, UsageQuery, UsageRow};
 pub(crate) use ledger::{UsageTotal, WindowStarts, WindowUsage};
-pub(crate) use postgres::{check_url as check_postgres_url, is_url as is_postgres_url, CHANNEL};
+pub(crate) use postgres::{
+    check_url as check_postgres_url, is_url as is_postgres_url, Revocations,
+};
 pub(crate) use sqlite::SqliteStore;
 
 pub(crate) type StoreError = Box<dyn std::error::Error + Send + Sync>;

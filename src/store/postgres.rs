@@ -3,7 +3,7 @@
 //! Same rows and semantics as the SQLite store. The schema is applied by numbered migrations
 //! under a transaction-level advisory lock, so gateways and CLIs starting at once take turns.
 //! A revoke notifies `CHANNEL` in the same transaction (delivered on commit), which every
-//! gateway LISTENs to (see `auth/api_keys/push.rs`).
+//! gateway LISTENs to through `Revocations` (see `auth/api_keys/push.rs`).
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection, Postgres};
 
 use super::key_sql::{page_sql, purge_sql, records, stored};
@@ -23,7 +23,7 @@ use super::{
 };
 
 /// The NOTIFY channel a revoke is announced on; the payload is the key id.
-pub(crate) const CHANNEL: &str = "portcullis_key_revoked";
+const CHANNEL: &str = "portcullis_key_revoked";
 
 /// Any constant shared by every Portcullis build: "PORTCULL" in ASCII.
 const MIGRATION_LOCK: i64 = 0x504f_5254_4355_4c4c;
@@ -119,6 +119,34 @@ impl PgStore {
             self.migrated.store(true, Ordering::Release);
         }
         Ok(())
+    }
+}
+
+/// The revokes announced on `CHANNEL`, as they arrive, on a connection of its own.
+pub(crate) struct Revocations(PgListener);
+
+impl Revocations {
+    /// Connects and listens, in one attempt of at most `wait`: the listener's own pool would
+    /// otherwise retry for 30 s before telling that the store is down. It never reconnects by
+    /// itself: reconnecting is the caller's, which must know when it happens.
+    pub(crate) async fn listen(url: &str, wait: Duration) -> Result<Revocations, StoreError> {
+        let options = check_url(url).map_err(|e| sqlx::Error::Configuration(e.into()))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(wait)
+            .connect_lazy_with(options);
+        let mut listener = PgListener::connect_with(&pool).await?;
+        listener.eager_reconnect(false);
+        listener.listen(CHANNEL).await?;
+        Ok(Revocations(listener))
+    }
+
+    /// The next announced key id, as sent (unchecked); `None` once the connection is lost.
+    pub(crate) async fn recv(&mut self) -> Option<String> {
+        match self.0.try_recv().await {
+            Ok(Some(notification)) => Some(notification.payload().to_string()),
+            _ => None,
+        }
     }
 }
 
