@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use portcullis::{open_store, Grouping, KeyStore, UsageCounts, UsageQuery, UsageRow};
+use portcullis::{open_store, Grouping, LedgerStore, UsageCounts, UsageQuery, UsageRow};
 use testkit::postgres;
 
 const KEYS: usize = 100;
@@ -46,7 +46,7 @@ fn row(hour: i64, key: usize) -> UsageRow {
 }
 
 /// Every hour of the 90 days for every key, one day (2 400 rows) per flush.
-fn fill(rt: &tokio::runtime::Runtime, store: &dyn KeyStore) {
+fn fill(rt: &tokio::runtime::Runtime, store: &dyn LedgerStore) {
     let start = Instant::now();
     for day in 0..DAYS {
         let first = LAST - (DAYS - 1 - day) * DAY;
@@ -77,7 +77,7 @@ fn ledger(c: &mut Criterion) {
     let sqlite = format!("sqlite://{}/keys.db", dir.path().display());
     let pg = postgres::Postgres::start();
     for (name, url) in [("sqlite", sqlite.as_str()), ("postgres", pg.url.as_str())] {
-        let store: Arc<dyn KeyStore> = rt.block_on(open_store(url, false)).unwrap();
+        let store: Arc<dyn LedgerStore> = rt.block_on(open_store(url, false)).unwrap();
         fill(&rt, &*store);
         if name == "postgres" {
             // What autovacuum does soon after a fill of this size: the planner's statistics.

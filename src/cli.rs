@@ -11,9 +11,10 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::access_log::{KeyEventFields, Record};
-use crate::auth::api_keys::{self, Budget, KeyRecord};
+use crate::auth::api_keys;
 use crate::config::Config;
 use crate::server::{self, ServeOptions};
+use crate::store::{open_store, Budget, KeyRecord};
 use crate::time::{parse_lifetime, rfc3339, unix_now};
 use printable::printable;
 
@@ -174,7 +175,7 @@ fn keys(command: KeysCommand) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async move {
-        let store = api_keys::open_store(&settings.database, false)
+        let store = open_store(&settings.database, false)
             .await
             .map_err(|e| format!("cannot open the key store: {e}"))?;
         match command {

@@ -25,6 +25,7 @@ mod replicas;
 mod scope;
 mod server;
 mod shutdown;
+mod store;
 mod time;
 
 /// Invariants the fuzz targets and the corpus replay check; not part of the shipped library.
@@ -39,9 +40,7 @@ pub use logging::init as init_logging;
 pub use api::{affinity_body_key, affinity_session_key};
 pub use api::{plan as plan_body, Api, Endpoint, Models};
 pub use api::{Encoding, Framing, UsageContainer, UsageScanner};
-pub use auth::api_keys::{
-    create_key, open_store, ApiKeyVerifier, Grouping, KeyStore, UsageCounts, UsageQuery, UsageRow,
-};
+pub use auth::api_keys::{create_key, ApiKeyVerifier};
 pub use auth::jwt::JwtVerifier;
 pub use auth::token::{classify as classify_bearer, Bearer};
 pub use config::{Config, JwtSettings};
@@ -49,3 +48,7 @@ pub use errors::GatewayError;
 pub use metrics::Metrics;
 pub use proxy::{classify_path, peer_for, Target};
 pub use replicas::Replicas;
+pub use store::{
+    open_store, BudgetStore, Grouping, KeyStore, LedgerStore, Store, UsageCounts, UsageQuery,
+    UsageRow,
+};

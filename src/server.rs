@@ -17,7 +17,7 @@ use pingora::services::listening::Service;
 use crate::access_log;
 use crate::admin::{AdminApp, AdminDeps, Retention};
 use crate::admission::Admission;
-use crate::auth::api_keys::{open_store, ApiKeyVerifier, KeyEvictor, KeyStore, RevocationPush};
+use crate::auth::api_keys::{ApiKeyVerifier, KeyEvictor, RevocationPush};
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::Authenticator;
 use crate::budgets::{BudgetSync, Budgets, SyncState};
@@ -29,6 +29,7 @@ use crate::proxy::{peer_for, Gateway};
 use crate::rate_limit::Backend;
 use crate::replicas::{DnsRefresh, HealthChecks, MakePeer, Replicas, UpstreamResolver};
 use crate::shutdown::{Connections, Drain, Tracked, Watchdog};
+use crate::store::{open_store, Store};
 
 pub(crate) struct ServeOptions {
     pub daemon: bool,
@@ -247,7 +248,7 @@ fn redis_backend(config: &Config, metrics: &Metrics) -> Option<Arc<Backend>> {
 fn budgets(
     config: &Config,
     settings: BudgetSettings,
-    store: &Arc<dyn KeyStore>,
+    store: &Arc<dyn Store>,
     redis: Option<Arc<Backend>>,
     metrics: &Metrics,
 ) -> Arc<Budgets> {
@@ -362,7 +363,7 @@ async fn resolve_with_own_dns(config: &mut Config) -> Result<(), String> {
 }
 
 /// The store and the cache handle the key API shares with the data plane.
-type SharedKeys = (Arc<dyn KeyStore>, KeyEvictor);
+type SharedKeys = (Arc<dyn Store>, KeyEvictor);
 
 async fn build_auth(
     config: &Config,
@@ -383,7 +384,7 @@ async fn build_auth(
         let store = open_store(&keys.database, true)
             .await
             .map_err(|e| format!("auth.api_keys.database: cannot open: {e}"))?;
-        let verifier = ApiKeyVerifier::new(store, keys.cache_ttl, keys.negative_cache_ttl)
+        let verifier = ApiKeyVerifier::new(store.clone(), keys.cache_ttl, keys.negative_cache_ttl)
             .with_lookup_counter(metrics.key_store_lookups());
         if keys.revocation_push {
             push = Some(
@@ -392,7 +393,7 @@ async fn build_auth(
                     .with_event_counter(metrics.revocation_push_events()),
             );
         }
-        shared = Some((verifier.store(), verifier.evictor()));
+        shared = Some((store, verifier.evictor()));
         auth.api_keys = Some(verifier);
     }
     let jwt = match &config.jwt {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::auth::api_keys::Budget;
+use crate::store::Budget;
 
 /// Longest path logged; longer ones are cut (on a character boundary) so one request cannot
 /// write a megabyte line.

@@ -12,8 +12,8 @@ use serde_json::{json, Map, Value};
 
 use super::reply::{store_failed, Reply};
 use super::KeyEvent;
-use crate::auth::api_keys::{Budget, KeyStore, Subject, WindowStarts, WindowUsage};
 use crate::auth::Principal;
+use crate::store::{Budget, BudgetStore, Store, Subject, WindowStarts, WindowUsage};
 use crate::time::{rfc3339, unix_now};
 
 /// The `budget` member of a request body: absent (`None`), or the budget it sets (empty for
@@ -196,7 +196,7 @@ pub(crate) fn beyond_owner(key: &Budget, owner: Option<&Budget>) -> Option<Strin
 /// Refuses a key budget an owner may not set (`None` when it may: an administrator, or within
 /// the caller's own budget), reading the caller's budget only when the key has one.
 pub(crate) async fn check_owner_rule(
-    store: &dyn KeyStore,
+    store: &dyn BudgetStore,
     caller: &Principal,
     is_admin: bool,
     budget: &Budget,
@@ -281,7 +281,7 @@ pub(crate) fn owner_in_path(raw: &str) -> Result<String, &'static str> {
 
 /// `GET /v1/owners/{sub}/budget`: the caller's own, or anyone's for an administrator.
 pub(crate) async fn get_owner(
-    store: &dyn KeyStore,
+    store: &dyn Store,
     caller: &Principal,
     is_admin: bool,
     raw_owner: &str,
@@ -306,7 +306,7 @@ pub(crate) async fn get_owner(
 
 /// `PUT /v1/owners/{sub}/budget` with `{"budget": {…} | null}`: administrators only.
 pub(crate) async fn put_owner(
-    store: &dyn KeyStore,
+    store: &dyn Store,
     is_admin: bool,
     raw_owner: &str,
     body: &[u8],
@@ -335,7 +335,7 @@ pub(crate) async fn put_owner(
     (owner_reply(store, &owner, &budget).await, Some(event))
 }
 
-async fn owner_reply(store: &dyn KeyStore, owner: &str, budget: &Budget) -> Reply {
+async fn owner_reply(store: &dyn Store, owner: &str, budget: &Budget) -> Reply {
     let starts = WindowStarts::at(unix_now());
     let used = match store
         .window_usage(&Subject::Owner(owner.to_string()), starts)

@@ -9,12 +9,11 @@ use super::budgets::{self, budget_json, key_used_json};
 use super::paging::{cursor, ListQuery};
 use super::reply::{store_failed, Reply};
 use super::KeyEvent;
-use crate::auth::api_keys::{
-    create_owned_key, KeyEvictor, KeyRecord, KeySpec, KeyStore, PageEnd, WindowStarts, WindowUsage,
-};
+use crate::auth::api_keys::{create_owned_key, KeyEvictor, KeySpec};
 use crate::auth::token::KeyId;
 use crate::auth::Principal;
 use crate::scope::Scope;
+use crate::store::{KeyRecord, PageEnd, Store, WindowStarts, WindowUsage};
 use crate::time::rfc3339;
 use crate::time::{parse_lifetime, unix_now};
 
@@ -24,7 +23,7 @@ const MAX_NAME_CHARS: usize = 64;
 const MAX_SCOPES: usize = 32;
 
 pub(crate) struct Ops<'a> {
-    pub store: &'a dyn KeyStore,
+    pub store: &'a dyn Store,
     pub evictor: &'a KeyEvictor,
     pub caller: &'a Principal,
     pub is_admin: bool,

@@ -24,7 +24,7 @@ use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 
 use crate::access_log::AccessLog;
-use crate::auth::api_keys::{Budget, KeyEvictor, KeyStore};
+use crate::auth::api_keys::KeyEvictor;
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::token::{self, Bearer, ShapeError};
 use crate::auth::{AuthFailure, Principal};
@@ -32,6 +32,7 @@ use crate::config::{AdminSettings, Config};
 use crate::metrics::Metrics;
 use crate::proxy::RequestId;
 use crate::rate_limit::Limiter;
+use crate::store::{Budget, Store};
 use pingora::http::ResponseHeader;
 use reply::Reply;
 pub(crate) use retention::Retention;
@@ -46,7 +47,7 @@ const OPENAPI: &str = include_str!("openapi.json");
 pub(crate) struct AdminApp {
     settings: AdminSettings,
     jwt: Arc<JwtVerifier>,
-    store: Arc<dyn KeyStore>,
+    store: Arc<dyn Store>,
     /// Drops a key revoked here from this gateway's cache at once (other gateways learn of it
     /// through the revocation push, or within `cache_ttl_seconds`).
     evictor: KeyEvictor,
@@ -61,7 +62,7 @@ pub(crate) struct AdminApp {
 /// What the key API needs from the rest of the gateway.
 pub(crate) struct AdminDeps {
     pub jwt: Arc<JwtVerifier>,
-    pub store: Arc<dyn KeyStore>,
+    pub store: Arc<dyn Store>,
     pub evictor: KeyEvictor,
     pub metrics: Arc<Metrics>,
     pub access_log: AccessLog,

@@ -1,7 +1,7 @@
 //! The query of `GET /v1/keys`: `owner`, and the page (`limit`, `cursor`). Pages are newest
 //! first; a page's `next` cursor names its last key, and the next page starts after it.
 
-use crate::auth::api_keys::PageEnd;
+use crate::store::PageEnd;
 
 /// Keys in a page when `limit` is not given.
 pub(crate) const DEFAULT_LIMIT: u32 = 100;

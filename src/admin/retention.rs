@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::auth::api_keys::KeyStore;
+use crate::store::KeyStore;
 use crate::time::unix_now;
 
 /// How often the store is swept (and once at start-up): retention is counted in days.

@@ -6,9 +6,9 @@ use serde::Serialize;
 
 use super::paging;
 use super::reply::{store_failed, Reply};
-use crate::auth::api_keys::{KeyStore, UsageTotal};
 use crate::auth::Principal;
 use crate::metering::query::from_query_string;
+use crate::store::{LedgerStore, UsageTotal};
 use crate::time::{date, unix_now};
 
 /// One row as the API shows it. A part not grouped by is left out; a grouped part with no
@@ -54,7 +54,7 @@ impl<'a> Row<'a> {
 }
 
 pub(crate) async fn report(
-    store: &dyn KeyStore,
+    store: &dyn LedgerStore,
     caller: &Principal,
     is_admin: bool,
     query: Option<&str>,

@@ -39,7 +39,7 @@ pub struct Principal {
     pub owner: Option<Box<str>>,
     /// A key's budget as the store had it when the key was looked up: what a key made with a
     /// budget is held to before the budget poller has seen it. Empty for JWTs.
-    pub budget: api_keys::Budget,
+    pub budget: crate::store::Budget,
 }
 
 impl Principal {

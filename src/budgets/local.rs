@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use super::window::{Kind, Windows};
 use super::{Ask, Refused, Who};
-use crate::auth::api_keys::{Budget, WindowStarts, WindowUsage};
+use crate::store::{Budget, WindowStarts, WindowUsage};
 
 /// One subject's four counters, each for the window it was last counted in.
 #[derive(Debug, Clone, Copy, Default)]

@@ -23,11 +23,11 @@ use arc_swap::ArcSwap;
 use prometheus::{IntCounterVec, Opts};
 
 use crate::api::CapRule;
-use crate::auth::api_keys::{Budget, KeyStore, Subject};
 use crate::auth::Principal;
 use crate::config::{BudgetSettings, Enforcement};
 use crate::metrics::Metrics;
 use crate::rate_limit::Backend;
+use crate::store::{Budget, Store, Subject};
 use crate::time::{rfc3339, Clock};
 use local::Local;
 use shared::{Counter, Reply, Shared};
@@ -185,7 +185,7 @@ pub(crate) struct Budgets {
     table: ArcSwap<Table>,
     local: Local,
     shared: Option<Shared>,
-    store: Arc<dyn KeyStore>,
+    store: Arc<dyn Store>,
     /// The windows' clock, for seeding as for requests: a test's stays on its fixed day.
     clock: Clock,
     /// The counters were seeded from the ledger: until then no budget is decided (a restart
@@ -199,7 +199,7 @@ impl Budgets {
     /// `services`: every registered service, whose rejection counters start at 0.
     pub(crate) fn new(
         settings: BudgetSettings,
-        store: Arc<dyn KeyStore>,
+        store: Arc<dyn Store>,
         redis: Option<Arc<Backend>>,
         metrics: &Metrics,
         services: &[&str],

@@ -17,7 +17,7 @@ use pingora::services::background::BackgroundService;
 use super::shared::{counter_key, expiry};
 use super::window::{Kind, Windows};
 use super::{Budgets, Table, Who};
-use crate::auth::api_keys::{Budget, BudgetChange, KeyStore, StoreError, Subject, WindowUsage};
+use crate::store::{Budget, BudgetChange, LedgerStore, Store, StoreError, Subject, WindowUsage};
 
 /// How often the store is asked for budget changes.
 pub(crate) const POLL: Duration = Duration::from_millis(250);
@@ -41,7 +41,7 @@ impl Budgets {
     /// serving, so the first request is already decided against spent budget.
     pub(crate) async fn load(
         &self,
-        store: &dyn KeyStore,
+        store: &dyn Store,
         state: &mut SyncState,
     ) -> Result<usize, StoreError> {
         let changes = store.budget_changes(0).await?;
@@ -146,7 +146,7 @@ impl Budgets {
 
     /// Raises every budgeted subject's counters to the ledger's values: this process's, and
     /// with `shared` Redis's too.
-    async fn seed_all(&self, store: &dyn KeyStore, shared: bool) -> Result<(), StoreError> {
+    async fn seed_all(&self, store: &dyn LedgerStore, shared: bool) -> Result<(), StoreError> {
         let windows = Windows::at(self.clock.now());
         let usage = store.all_window_usage(windows.starts).await?;
         let table = self.table.load_full();

@@ -8,14 +8,14 @@ use async_trait::async_trait;
 
 use super::window::Kind;
 use super::{Ask, Budgets, SyncState};
-use crate::auth::api_keys::{
-    Budget, BudgetChange, KeyRecord, KeyStore, StoreError, StoredKey, Subject, WindowStarts,
-    WindowUsage,
-};
 use crate::auth::{Principal, PrincipalKind};
 use crate::config::{BudgetSettings, Enforcement, RedisServer as RedisUrl};
 use crate::metrics::Metrics;
 use crate::rate_limit::Backend;
+use crate::store::{
+    Budget, BudgetChange, BudgetStore, KeyRecord, KeyStore, LedgerStore, StoreError, StoredKey,
+    Subject, WindowStarts, WindowUsage,
+};
 use crate::time::{parse_date, Clock};
 
 /// Budgets and ledger sums, as a store would hold them.
@@ -50,6 +50,10 @@ impl KeyStore for Store {
     async fn revoke(&self, _: &str, _: i64) -> Result<bool, StoreError> {
         Ok(false)
     }
+}
+
+#[async_trait]
+impl BudgetStore for Store {
     async fn budget_changes(&self, since_ms: i64) -> Result<Vec<BudgetChange>, StoreError> {
         let all = self.budgets.lock().unwrap();
         Ok(all
@@ -58,6 +62,10 @@ impl KeyStore for Store {
             .cloned()
             .collect())
     }
+}
+
+#[async_trait]
+impl LedgerStore for Store {
     async fn window_usage(&self, s: &Subject, _: WindowStarts) -> Result<WindowUsage, StoreError> {
         Ok(self
             .ledger

@@ -1,7 +1,7 @@
 //! The four budget counters and their fixed UTC windows: tokens per hour, day and calendar
 //! month, and requests per day, in `Budget::NAMES` order everywhere.
 
-use crate::auth::api_keys::{Budget, WindowStarts, WindowUsage};
+use crate::store::{Budget, WindowStarts, WindowUsage};
 
 /// One budget counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

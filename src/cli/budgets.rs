@@ -9,11 +9,11 @@ use clap::{Args, Subcommand};
 
 use super::record_event;
 use crate::access_log::KeyEventFields;
-use crate::auth::api_keys::{
-    self, Budget, KeyRecord, KeyStore, Subject, WindowStarts, WindowUsage,
-};
 use crate::auth::token::KeyId;
 use crate::config::Config;
+use crate::store::{
+    open_store, Budget, KeyRecord, LedgerStore, Store, Subject, WindowStarts, WindowUsage,
+};
 use crate::time::{rfc3339, unix_now};
 
 /// The four limits, each a whole number (or `none` to remove that limit).
@@ -112,7 +112,7 @@ fn wanted(flags: &BudgetFlags, clear: bool, now: Budget) -> Result<Budget, Strin
 
 /// `keys budget`: sets or clears a key's budget, records it, prints the result.
 pub(crate) async fn set_key(
-    store: &dyn KeyStore,
+    store: &dyn Store,
     config: &Path,
     key_id: &str,
     flags: &BudgetFlags,
@@ -180,7 +180,7 @@ pub(crate) fn owners(command: OwnersCommand) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async {
-        let store = api_keys::open_store(&settings.database, false)
+        let store = open_store(&settings.database, false)
             .await
             .map_err(|e| format!("cannot open the key store: {e}"))?;
         let now = store
@@ -258,7 +258,7 @@ fn left(budget: &Budget, used: &WindowUsage) -> String {
 /// `keys list`'s BUDGET and LEFT of every key, the ledger read in a few statements for all the
 /// keys that have a budget.
 pub(crate) async fn list_columns(
-    store: &dyn KeyStore,
+    store: &dyn LedgerStore,
     keys: &[KeyRecord],
 ) -> Result<HashMap<String, (String, String)>, String> {
     let budgeted: Vec<String> = keys

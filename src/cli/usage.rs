@@ -1,9 +1,9 @@
 //! `portcullis usage`: the ledger's totals from the key store, as `GET /v1/usage` gives them
 //! to an administrator, one row per line under a header line.
 
-use crate::auth::api_keys::{self, UsageTotal};
 use crate::config::Config;
 use crate::metering::query::usage_query;
+use crate::store::{open_store, Grouping, UsageTotal};
 use crate::time::{date, unix_now};
 
 pub(crate) fn run(
@@ -25,7 +25,7 @@ pub(crate) fn run(
         .build()
         .map_err(|e| e.to_string())?;
     let totals = runtime.block_on(async {
-        let store = api_keys::open_store(&settings.database, false)
+        let store = open_store(&settings.database, false)
             .await
             .map_err(|e| format!("cannot open the key store: {e}"))?;
         store
@@ -47,7 +47,7 @@ pub(crate) fn run(
 /// The header and one line per row, columns aligned: the grouped parts (a `-` where the part
 /// has no value: the key of JWT calls, an unknown model, the owner of keys made without one),
 /// then the owner and the counts.
-fn table(totals: &[UsageTotal], g: &api_keys::Grouping) -> String {
+fn table(totals: &[UsageTotal], g: &Grouping) -> String {
     // Whatever callers chose (a model name, an owner) is shown escaped.
     let none = |s: &str| {
         if s.is_empty() {

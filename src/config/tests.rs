@@ -151,7 +151,7 @@ fn a_postgres_key_store_pushes_revocations_unless_told_not_to() {
     ))
     .unwrap();
     let keys = c.api_keys.unwrap();
-    assert!(crate::auth::api_keys::is_postgres_url(&keys.database) && keys.revocation_push);
+    assert!(crate::store::is_postgres_url(&keys.database) && keys.revocation_push);
     let c = parse(&format!(
         "{MINIMAL}[auth.api_keys]\ndatabase = \"postgresql://db/keys\"\nrevocation_push = false\n"
     ))

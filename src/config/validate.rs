@@ -278,10 +278,10 @@ impl Validator<'_> {
         let database = self
             .expand("auth.api_keys.database", &a.database)
             .unwrap_or_default();
-        let postgres = crate::auth::api_keys::is_postgres_url(&database);
+        let postgres = crate::store::is_postgres_url(&database);
         if postgres {
             // The URL may carry a password: its problems never quote it.
-            if let Err(e) = crate::auth::api_keys::check_postgres_url(&database) {
+            if let Err(e) = crate::store::check_postgres_url(&database) {
                 self.problem("auth.api_keys.database", e);
             }
         } else if !database.starts_with("sqlite:") {

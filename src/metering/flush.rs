@@ -16,8 +16,8 @@ use pingora::services::background::BackgroundService;
 use prometheus::{IntCounterVec, IntGauge, Opts};
 
 use super::Meter;
-use crate::auth::api_keys::{open_store, KeyStore, StoreError, UsageRow};
 use crate::metrics::Metrics;
+use crate::store::{open_store, LedgerStore, StoreError, UsageRow};
 
 /// A write that takes longer is abandoned (rolled back) and retried on the next tick.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -190,7 +190,7 @@ impl Ledger {
 /// The flusher's own store handle, opened on its first write (and again after a failed open).
 #[derive(Default)]
 struct Writer {
-    store: Option<Arc<dyn KeyStore>>,
+    store: Option<Arc<dyn LedgerStore>>,
     /// A batch whose write failed, to be written again under the same id.
     pending: Option<Batch>,
     /// Since when writes fail, and when that was last logged.
@@ -203,7 +203,7 @@ impl Writer {
         let store = match &self.store {
             Some(store) => store.clone(),
             None => {
-                let store = open_store(database, false).await?;
+                let store: Arc<dyn LedgerStore> = open_store(database, false).await?;
                 self.store = Some(store.clone());
                 store
             }

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 pub(crate) use flush::{Ledger, LedgerService, FINAL_FLUSH};
 
-use crate::auth::api_keys::{UsageCounts, UsageRow};
+use crate::store::{UsageCounts, UsageRow};
 
 /// One request's usage, as the proxy's record step knows it.
 pub(crate) struct Charge<'a> {

@@ -2,7 +2,7 @@
 //! of UTC days (`from`/`to`, inclusive; by default the 30 days ending today, at most
 //! `MAX_DAYS`) and the parts to split totals by (`group_by`, by default all four).
 
-use crate::auth::api_keys::{Grouping, UsageQuery};
+use crate::store::{Grouping, UsageQuery};
 use crate::time::parse_date;
 
 /// The longest range one report covers, in days.

@@ -16,10 +16,10 @@ use std::sync::{Arc, OnceLock};
 use moka::future::Cache;
 
 use super::outage::StoreHealth;
-use super::store::{KeyStore, StoreError};
 use super::{Entry, KnownKey};
 use crate::auth::token::KeyId;
 use crate::auth::{Principal, PrincipalKind};
+use crate::store::{KeyStore, StoreError};
 
 pub(crate) struct Lookup {
     pub store: Arc<dyn KeyStore>,

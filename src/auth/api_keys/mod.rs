@@ -4,7 +4,6 @@
 mod lookup;
 mod outage;
 mod push;
-mod store;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,14 +17,10 @@ use subtle::ConstantTimeEq;
 
 use super::token::{KeyId, API_KEY_PREFIX};
 use super::Principal;
+use crate::store::{Budget, KeyRecord, KeyStore, StoreError, StoredKey};
 use crate::time::unix_now;
 use lookup::Lookup;
 pub(crate) use push::RevocationPush;
-pub(crate) use store::{
-    check_postgres_url, is_postgres_url, Budget, BudgetChange, KeyRecord, PageEnd, StoreError,
-    StoredKey, Subject, UsageTotal, WindowStarts, WindowUsage,
-};
-pub use store::{open_store, Grouping, KeyStore, UsageCounts, UsageQuery, UsageRow};
 
 #[derive(Clone)]
 enum Entry {
@@ -118,11 +113,6 @@ impl ApiKeyVerifier {
             self.cache.clone(),
             self.lookup.clone(),
         )
-    }
-
-    /// The store, shared with the key API.
-    pub fn store(&self) -> Arc<dyn KeyStore> {
-        self.lookup.store.clone()
     }
 
     /// A handle that drops keys from this verifier's cache, for the key API's revokes.

@@ -7,14 +7,13 @@
 use std::time::Duration;
 
 use moka::future::Cache;
-use sqlx::postgres::PgListener;
 
 use std::sync::Arc;
 
 use super::lookup::{self, Lookup};
-use super::store::CHANNEL;
 use super::Entry;
 use crate::auth::token::KeyId;
+use crate::store::Revocations;
 
 const BACKOFF_START: Duration = Duration::from_secs(1);
 /// Also how long a store that is back can go unnoticed: while the listener is down, it is
@@ -63,7 +62,9 @@ impl RevocationPush {
         let mut backoff = BACKOFF_START;
         let mut connected_before = false;
         loop {
-            match self.listen().await {
+            // The listener never reconnects by itself: each reconnection is seen here, to
+            // empty the cache.
+            match Revocations::listen(&self.url, CONNECT_WAIT).await {
                 Ok(mut listener) => {
                     backoff = BACKOFF_START;
                     self.lookup.health.release();
@@ -99,27 +100,11 @@ impl RevocationPush {
         }
     }
 
-    async fn listen(&self) -> Result<PgListener, sqlx::Error> {
-        // One attempt, promptly: the listener's own pool would otherwise retry for 30 s
-        // before telling that the store is down.
-        let options = super::store::check_postgres_url(&self.url)
-            .map_err(|e| sqlx::Error::Configuration(e.into()))?;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(CONNECT_WAIT)
-            .connect_lazy_with(options);
-        let mut listener = PgListener::connect_with(&pool).await?;
-        // Reconnection is ours to do: we must know when it happens to empty the cache.
-        listener.eager_reconnect(false);
-        listener.listen(CHANNEL).await?;
-        Ok(listener)
-    }
-
     /// Evicts each announced key until the connection is lost.
-    async fn receive(&self, listener: &mut PgListener) {
-        while let Ok(Some(notification)) = listener.try_recv().await {
+    async fn receive(&self, listener: &mut Revocations) {
+        while let Some(payload) = listener.recv().await {
             self.count("notified");
-            match KeyId::parse(notification.payload()) {
+            match KeyId::parse(&payload) {
                 Some(id) => {
                     self.cache.invalidate(&id).await;
                     // Off the receive loop: the next notification need not wait on a query.

@@ -11,6 +11,7 @@ use testkit::postgres::Postgres;
 
 use super::*;
 use crate::auth::token::{classify, Bearer};
+use crate::store::open_store;
 
 /// Races per announcement path; the delays sweep the revoke across the lookup's round trip.
 const RACES: usize = 600;
@@ -87,7 +88,7 @@ async fn stale_after_races(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_racing_a_revoke_never_caches_the_row_it_read_before_it() {
     let pg = tokio::task::block_in_place(Postgres::start);
-    let store = open_store(&pg.url, false).await.unwrap();
+    let store: Arc<dyn KeyStore> = open_store(&pg.url, false).await.unwrap();
     // A cache that would keep a stale row for a minute: only the push can be fast.
     let verifier = Arc::new(ApiKeyVerifier::new(
         store.clone(),

@@ -5,10 +5,10 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::store::SqliteStore;
 use super::*;
 use crate::auth::token::{classify, Bearer};
 use crate::auth::PrincipalKind;
+use crate::store::SqliteStore;
 
 #[derive(Default)]
 struct FakeStore {

@@ -1,39 +1,16 @@
-//! The usage ledger's rows and statements, shared by both stores: `usage_hourly` (what budgets
-//! will sum over hours, days and months) and its rollup `usage_daily` (what `GET /v1/usage`
-//! and `portcullis usage` read), both written in one transaction per flush.
+//! The usage ledger's statements, shared by both stores: rows added to `usage_hourly` and its
+//! rollup `usage_daily` in one transaction per flush, and reports read from the rollup.
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
+use sqlx::Pool;
 
-use super::StoreError;
+use super::sql_bounds::with_sql_bounds;
+use super::{Grouping, StoreError, UsageCounts, UsageQuery, UsageRow, UsageTotal};
 
 /// Rows per `INSERT` statement: far under either database's limit on bound parameters
 /// (11 per row), and few statements per flush.
 pub(super) const CHUNK: usize = 500;
 
 const DAY: i64 = 86_400;
-
-/// What one (hour, key, owner, service, model) used.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UsageCounts {
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub reasoning_tokens: u64,
-    pub cached_tokens: u64,
-    /// Requests whose usage was estimated (an abandoned stream).
-    pub estimated_requests: u64,
-}
-
-impl std::ops::AddAssign for UsageCounts {
-    fn add_assign(&mut self, o: UsageCounts) {
-        self.requests += o.requests;
-        self.prompt_tokens += o.prompt_tokens;
-        self.completion_tokens += o.completion_tokens;
-        self.reasoning_tokens += o.reasoning_tokens;
-        self.cached_tokens += o.cached_tokens;
-        self.estimated_requests += o.estimated_requests;
-    }
-}
 
 impl UsageCounts {
     /// In column order; the databases store signed 64 bits, which no real count reaches.
@@ -48,19 +25,6 @@ impl UsageCounts {
         ]
         .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
     }
-}
-
-/// One row added to the ledger. Absent parts are stored as `''` so they can be part of the
-/// primary key: `key_id` for JWT callers, `owner` for keys made without one, `model` unknown.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageRow {
-    /// Unix seconds of the start of the UTC hour (of the day, in `usage_daily`).
-    pub hour: i64,
-    pub key_id: String,
-    pub owner: String,
-    pub service: String,
-    pub model: String,
-    pub counts: UsageCounts,
 }
 
 impl UsageRow {
@@ -86,88 +50,74 @@ impl UsageRow {
 /// How long a written batch id is remembered: far longer than any retry of its write.
 const BATCHES_KEPT_SECONDS: i64 = 86_400;
 
-/// Adds `rows` to both tables in one transaction, on either database (`mark`: its placeholder
-/// prefix); with `batch`, only if that batch was not written before (its id is recorded in
-/// the same transaction, so a commit that succeeded but was reported failed is not repeated).
-pub(super) async fn add<DB>(
-    pool: &Pool<DB>,
-    batch: Option<&str>,
-    rows: &[UsageRow],
-    mark: char,
-) -> Result<(), StoreError>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'q> i64: Encode<'q, DB> + Type<DB>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-{
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let (hourly, daily) = (sorted(rows), daily(rows));
-    let mut tx = pool.begin().await?;
-    if let Some(batch) = batch {
-        let now = crate::time::unix_now();
-        let sql = format!(
-            "INSERT INTO usage_batches (batch_id, written_at) VALUES ({mark}1, {mark}2) \
-             ON CONFLICT (batch_id) DO NOTHING RETURNING written_at"
-        );
-        let query = sqlx::query(&sql).bind(batch).bind(now);
-        if query.fetch_optional(&mut *tx).await?.is_none() {
-            // Written before: this is a retry of a write that did commit.
+with_sql_bounds!(
+    /// Adds `rows` to both tables in one transaction, on either database (`mark`: its placeholder
+    /// prefix); with `batch`, only if that batch was not written before (its id is recorded in
+    /// the same transaction, so a commit that succeeded but was reported failed is not repeated).
+    pub(super) async fn add<DB>(
+        pool: &Pool<DB>,
+        batch: Option<&str>,
+        rows: &[UsageRow],
+        mark: char,
+    ) -> Result<(), StoreError> {
+        if rows.is_empty() {
             return Ok(());
         }
-        let sql = format!("DELETE FROM usage_batches WHERE written_at < {mark}1");
-        let cutoff = now - BATCHES_KEPT_SECONDS;
-        sqlx::query(&sql).bind(cutoff).execute(&mut *tx).await?;
-    }
-    for (table, rows) in [(Table::Hourly, &hourly), (Table::Daily, &daily)] {
-        for chunk in rows.chunks(CHUNK) {
-            let sql = add_sql(table, chunk.len(), mark);
-            let mut query = sqlx::query(&sql);
-            for row in chunk {
-                let (texts, counts) = row.values();
-                query = query.bind(row.hour);
-                for text in texts {
-                    query = query.bind(text);
-                }
-                for count in counts {
-                    query = query.bind(count);
-                }
+        let (hourly, daily) = (sorted(rows), daily(rows));
+        let mut tx = pool.begin().await?;
+        if let Some(batch) = batch {
+            let now = crate::time::unix_now();
+            let sql = format!(
+                "INSERT INTO usage_batches (batch_id, written_at) VALUES ({mark}1, {mark}2) \
+                 ON CONFLICT (batch_id) DO NOTHING RETURNING written_at"
+            );
+            let query = sqlx::query(&sql).bind(batch).bind(now);
+            if query.fetch_optional(&mut *tx).await?.is_none() {
+                // Written before: this is a retry of a write that did commit.
+                return Ok(());
             }
-            query.execute(&mut *tx).await?;
+            let sql = format!("DELETE FROM usage_batches WHERE written_at < {mark}1");
+            let cutoff = now - BATCHES_KEPT_SECONDS;
+            sqlx::query(&sql).bind(cutoff).execute(&mut *tx).await?;
         }
+        for (table, rows) in [(Table::Hourly, &hourly), (Table::Daily, &daily)] {
+            for chunk in rows.chunks(CHUNK) {
+                let sql = add_sql(table, chunk.len(), mark);
+                let mut query = sqlx::query(&sql);
+                for row in chunk {
+                    let (texts, counts) = row.values();
+                    query = query.bind(row.hour);
+                    for text in texts {
+                        query = query.bind(text);
+                    }
+                    for count in counts {
+                        query = query.bind(count);
+                    }
+                }
+                query.execute(&mut *tx).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
     }
-    tx.commit().await?;
-    Ok(())
-}
 
-/// A report from the rollup, on either database (`postgres`: its dialect).
-pub(super) async fn report<DB>(
-    pool: &Pool<DB>,
-    q: &UsageQuery,
-    postgres: bool,
-) -> Result<Vec<UsageTotal>, StoreError>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'q> i64: Encode<'q, DB> + Type<DB>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    usize: ColumnIndex<DB::Row>,
-{
-    let sql = usage_sql(q, postgres);
-    let mut query = sqlx::query_scalar::<_, String>(&sql)
-        .bind(q.from_day)
-        .bind(q.to_day);
-    if let Some(owner) = &q.owner {
-        query = query.bind(owner.as_str());
+    /// A report from the rollup, on either database (`postgres`: its dialect).
+    pub(super) async fn report<DB>(
+        pool: &Pool<DB>,
+        q: &UsageQuery,
+        postgres: bool,
+    ) -> Result<Vec<UsageTotal>, StoreError> {
+        let sql = usage_sql(q, postgres);
+        let mut query = sqlx::query_scalar::<_, String>(&sql)
+            .bind(q.from_day)
+            .bind(q.to_day);
+        if let Some(owner) = &q.owner {
+            query = query.bind(owner.as_str());
+        }
+        let json = query.fetch_one(pool).await?;
+        totals(&json, &q.group)
     }
-    let json = query.fetch_one(pool).await?;
-    totals(&json, &q.group)
-}
+);
 
 /// Sorted by primary key, so that concurrent flushes of a fleet lock rows in one order.
 pub(super) fn sorted(rows: &[UsageRow]) -> Vec<UsageRow> {
@@ -238,38 +188,6 @@ const COUNT_COLUMNS: [&str; 6] = [
     "estimated_requests",
 ];
 
-/// Which of day, key, service and model a query splits its totals by. Totals are always split
-/// by owner as well.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Grouping {
-    pub day: bool,
-    pub key: bool,
-    pub service: bool,
-    pub model: bool,
-}
-
-/// Totals from `usage_daily` for the UTC days `from_day..=to_day` (unix seconds of each day's
-/// start), of one owner or of everyone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageQuery {
-    pub from_day: i64,
-    pub to_day: i64,
-    pub owner: Option<String>,
-    pub group: Grouping,
-}
-
-/// One line of totals. A part not grouped by is `None`; a grouped part keeps the ledger's
-/// `''` for "none" (a JWT call's key, an unknown model).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageTotal {
-    pub day: Option<i64>,
-    pub key_id: Option<String>,
-    pub owner: String,
-    pub service: Option<String>,
-    pub model: Option<String>,
-    pub counts: UsageCounts,
-}
-
 /// The grouping columns of a query, in output order (owner always).
 fn group_columns(g: &Grouping) -> Vec<&'static str> {
     let mut columns = Vec::with_capacity(5);
@@ -287,7 +205,7 @@ fn group_columns(g: &Grouping) -> Vec<&'static str> {
     columns
 }
 
-/// The statement of `KeyStore::usage`; parameters: first day, last day, then the owner when
+/// The statement of `LedgerStore::usage`; parameters: first day, last day, then the owner when
 /// filtered. Read through the primary key (a day range) or `usage_daily_owner` (one owner's
 /// days). The database returns the whole answer as one JSON array of row arrays (grouped parts,
 /// then the counts): a report of thousands of rows then costs one value to fetch, where row by

@@ -3,7 +3,7 @@
 //! Same rows and semantics as the SQLite store. The schema is applied by numbered migrations
 //! under a transaction-level advisory lock, so gateways and CLIs starting at once take turns.
 //! A revoke notifies `CHANNEL` in the same transaction (delivered on commit), which every
-//! gateway LISTENs to (see `api_keys/push.rs`).
+//! gateway LISTENs to through `Revocations` (see `auth/api_keys/push.rs`).
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -11,18 +11,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{Connection, PgConnection};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection, Postgres};
 
-use super::{budget_sql, usage};
+use super::key_sql::{page_sql, purge_sql, records, stored};
+use super::migrations::{newer_than_known, MIGRATIONS, MIGRATIONS_TABLE};
+use super::{budget_sql, ledger_sql, window_sql};
 use super::{
-    newer_than_known, page_sql, purge_sql, record, stored, Budget, BudgetChange, KeyRecord,
-    KeyStore, PageEnd, StoreError, StoredKey, Subject, UsageQuery, UsageRow, UsageTotal,
-    WindowStarts, WindowUsage, MIGRATIONS, MIGRATIONS_TABLE,
+    Budget, BudgetChange, BudgetStore, KeyRecord, KeyStore, LedgerStore, PageEnd, StoreError,
+    StoredKey, Subject, UsageQuery, UsageRow, UsageTotal, WindowStarts, WindowUsage,
 };
 
 /// The NOTIFY channel a revoke is announced on; the payload is the key id.
-pub(crate) const CHANNEL: &str = "portcullis_key_revoked";
+const CHANNEL: &str = "portcullis_key_revoked";
 
 /// Any constant shared by every Portcullis build: "PORTCULL" in ASCII.
 const MIGRATION_LOCK: i64 = 0x504f_5254_4355_4c4c;
@@ -121,6 +122,34 @@ impl PgStore {
     }
 }
 
+/// The revokes announced on `CHANNEL`, as they arrive, on a connection of its own.
+pub(crate) struct Revocations(PgListener);
+
+impl Revocations {
+    /// Connects and listens, in one attempt of at most `wait`: the listener's own pool would
+    /// otherwise retry for 30 s before telling that the store is down. It never reconnects by
+    /// itself: reconnecting is the caller's, which must know when it happens.
+    pub(crate) async fn listen(url: &str, wait: Duration) -> Result<Revocations, StoreError> {
+        let options = check_url(url).map_err(|e| sqlx::Error::Configuration(e.into()))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(wait)
+            .connect_lazy_with(options);
+        let mut listener = PgListener::connect_with(&pool).await?;
+        listener.eager_reconnect(false);
+        listener.listen(CHANNEL).await?;
+        Ok(Revocations(listener))
+    }
+
+    /// The next announced key id, as sent (unchecked); `None` once the connection is lost.
+    pub(crate) async fn recv(&mut self) -> Option<String> {
+        match self.0.try_recv().await {
+            Ok(Some(notification)) => Some(notification.payload().to_string()),
+            _ => None,
+        }
+    }
+}
+
 /// A failure to reach the server at all, as opposed to one it reported.
 fn unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
     match e.downcast_ref::<sqlx::Error>() {
@@ -176,7 +205,7 @@ impl KeyStore for PgStore {
             .bind(key_id)
             .fetch_optional(&self.pool)
             .await?;
-        row.as_ref().map(stored).transpose()
+        row.as_ref().map(stored::<Postgres>).transpose()
     }
 
     async fn insert(&self, key: &StoredKey) -> Result<(), StoreError> {
@@ -237,7 +266,7 @@ impl KeyStore for PgStore {
                 .bind(owner)
                 .fetch_all(&self.pool)
                 .await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Postgres>(&rows)?)
     }
 
     async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
@@ -245,7 +274,7 @@ impl KeyStore for PgStore {
         let rows = sqlx::query("SELECT * FROM api_keys ORDER BY created_at, key_id")
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Postgres>(&rows)?)
     }
 
     async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError> {
@@ -288,7 +317,7 @@ impl KeyStore for PgStore {
             query = query.bind(end.created_at).bind(&end.key_id);
         }
         let rows = query.bind(limit as i64).fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Postgres>(&rows)?)
     }
 
     async fn purge_revoked(&self, before: i64, batch: u32) -> Result<u64, StoreError> {
@@ -300,14 +329,17 @@ impl KeyStore for PgStore {
             .await?;
         Ok(done.rows_affected())
     }
+}
 
+#[async_trait]
+impl LedgerStore for PgStore {
     async fn add_usage(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
         // Nothing to write: no need for the store to be reachable.
         if rows.is_empty() {
             return Ok(());
         }
         self.ready().await?;
-        usage::add(&self.pool, None, rows, '$').await
+        ledger_sql::add(&self.pool, None, rows, '$').await
     }
 
     async fn add_usage_once(&self, batch: &str, rows: &[UsageRow]) -> Result<(), StoreError> {
@@ -315,14 +347,47 @@ impl KeyStore for PgStore {
             return Ok(());
         }
         self.ready().await?;
-        usage::add(&self.pool, Some(batch), rows, '$').await
+        ledger_sql::add(&self.pool, Some(batch), rows, '$').await
     }
 
     async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
         self.ready().await?;
-        usage::report(&self.pool, q, true).await
+        ledger_sql::report(&self.pool, q, true).await
     }
 
+    async fn window_usage(
+        &self,
+        subject: &Subject,
+        starts: WindowStarts,
+    ) -> Result<WindowUsage, StoreError> {
+        self.ready().await?;
+        let (column, id) = window_sql::column_of(subject);
+        let mut used =
+            window_sql::window_usage(&self.pool, column, Some(&[id]), starts, '$').await?;
+        Ok(used.remove(id).unwrap_or_default())
+    }
+
+    async fn keys_window_usage(
+        &self,
+        key_ids: &[String],
+        starts: WindowStarts,
+    ) -> Result<HashMap<String, WindowUsage>, StoreError> {
+        self.ready().await?;
+        let ids: Vec<&str> = key_ids.iter().map(String::as_str).collect();
+        window_sql::window_usage(&self.pool, "key_id", Some(&ids), starts, '$').await
+    }
+
+    async fn all_window_usage(
+        &self,
+        starts: WindowStarts,
+    ) -> Result<Vec<(Subject, WindowUsage)>, StoreError> {
+        self.ready().await?;
+        window_sql::all_window_usage(&self.pool, starts, '$').await
+    }
+}
+
+#[async_trait]
+impl BudgetStore for PgStore {
     async fn set_key_budget(&self, key_id: &str, budget: &Budget) -> Result<bool, StoreError> {
         self.ready().await?;
         budget_sql::set_key(&self.pool, key_id, budget, '$').await
@@ -341,35 +406,5 @@ impl KeyStore for PgStore {
     async fn budget_changes(&self, since_ms: i64) -> Result<Vec<BudgetChange>, StoreError> {
         self.ready().await?;
         budget_sql::changes(&self.pool, since_ms, '$').await
-    }
-
-    async fn window_usage(
-        &self,
-        subject: &Subject,
-        starts: WindowStarts,
-    ) -> Result<WindowUsage, StoreError> {
-        self.ready().await?;
-        let (column, id) = budget_sql::column_of(subject);
-        let mut used =
-            budget_sql::window_usage(&self.pool, column, Some(&[id]), starts, '$').await?;
-        Ok(used.remove(id).unwrap_or_default())
-    }
-
-    async fn keys_window_usage(
-        &self,
-        key_ids: &[String],
-        starts: WindowStarts,
-    ) -> Result<HashMap<String, WindowUsage>, StoreError> {
-        self.ready().await?;
-        let ids: Vec<&str> = key_ids.iter().map(String::as_str).collect();
-        budget_sql::window_usage(&self.pool, "key_id", Some(&ids), starts, '$').await
-    }
-
-    async fn all_window_usage(
-        &self,
-        starts: WindowStarts,
-    ) -> Result<Vec<(Subject, WindowUsage)>, StoreError> {
-        self.ready().await?;
-        budget_sql::all_window_usage(&self.pool, starts, '$').await
     }
 }

@@ -5,8 +5,9 @@
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
+use super::key_sql::page_sql;
 use super::{
-    page_sql, Grouping, KeyRecord, KeyStore, PageEnd, SqliteStore, StoredKey, UsageCounts,
+    Grouping, KeyRecord, KeyStore, LedgerStore, PageEnd, SqliteStore, StoredKey, UsageCounts,
     UsageQuery, UsageRow,
 };
 
@@ -211,7 +212,7 @@ fn query(from: i64, to: i64, owner: Option<&str>, group: Grouping) -> UsageQuery
 /// reports filter by owner and days and group as asked.
 /// A batch written again under its id (its commit succeeded but was reported failed, and the
 /// flusher retried it) adds nothing; another batch adds.
-async fn a_batch_is_added_once(store: &dyn KeyStore) {
+async fn a_batch_is_added_once(store: &dyn LedgerStore) {
     let day = D0 + 40 * DAY;
     let batch = [row(day, "once", "carol", "infer", "m", 3)];
     store.add_usage_once("b-1", &batch).await.unwrap();
@@ -224,7 +225,7 @@ async fn a_batch_is_added_once(store: &dyn KeyStore) {
     assert_eq!(rows[0].counts.requests, 6, "b-1 once, b-2 once");
 }
 
-async fn ledger_adds_up_and_reports(store: &dyn KeyStore) {
+async fn ledger_adds_up_and_reports(store: &dyn LedgerStore) {
     let first = [
         row(D0, "k1", "alice", "infer", "m1", 2),
         row(D0 + 3600, "k1", "alice", "infer", "m1", 1),

@@ -2,10 +2,11 @@
 //! budgets, the stamps pollers read, and the ledger's window sums for one subject, a page of
 //! keys and every subject, on SQLite and on a real Postgres server.
 
-use super::budget_sql::{columns, window_sql, Which};
+use super::budget_sql::columns;
+use super::window_sql::{window_sql, Which};
 use super::{
-    Budget, KeyRecord, KeyStore, SqliteStore, StoredKey, Subject, UsageCounts, UsageRow,
-    WindowStarts, WindowUsage,
+    Budget, KeyRecord, SqliteStore, Store, StoredKey, Subject, UsageCounts, UsageRow, WindowStarts,
+    WindowUsage,
 };
 
 fn key(id: &str, owner: &str, budget: Budget) -> StoredKey {
@@ -29,7 +30,7 @@ fn budget(limits: [Option<u64>; 4]) -> Budget {
 }
 
 /// Keys and owners: written, read back, stamped, cleared (keeping the stamp).
-async fn budgets_are_kept_and_stamped(store: &dyn KeyStore) {
+async fn budgets_are_kept_and_stamped(store: &dyn Store) {
     let day = budget([None, Some(100_000), None, Some(500)]);
     store.insert(&key("b1", "alice", day)).await.unwrap();
     store
@@ -157,7 +158,7 @@ fn used(hour: u64, day: u64, month: u64, requests: u64) -> WindowUsage {
 
 /// The ledger summed per window (16 tokens a request: 11 prompt + 5 completion; reasoning and
 /// cached tokens are not counted again), for keys and owners (JWT calls included).
-async fn window_sums_come_from_the_ledger(store: &dyn KeyStore) {
+async fn window_sums_come_from_the_ledger(store: &dyn Store) {
     let starts = WindowStarts::at(now());
     let rows = [
         row(starts.hour, "k1", "alice", 2),

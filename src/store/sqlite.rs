@@ -10,12 +10,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::Sqlite;
 
-use super::{budget_sql, usage};
+use super::key_sql::{page_sql, purge_sql, records, stored};
+use super::migrations::{newer_than_known, MIGRATIONS, MIGRATIONS_TABLE};
+use super::{budget_sql, ledger_sql, window_sql};
 use super::{
-    newer_than_known, page_sql, purge_sql, record, stored, Budget, BudgetChange, KeyRecord,
-    KeyStore, PageEnd, StoreError, StoredKey, Subject, UsageQuery, UsageRow, UsageTotal,
-    WindowStarts, WindowUsage, MIGRATIONS, MIGRATIONS_TABLE,
+    Budget, BudgetChange, BudgetStore, KeyRecord, KeyStore, LedgerStore, PageEnd, StoreError,
+    StoredKey, Subject, UsageQuery, UsageRow, UsageTotal, WindowStarts, WindowUsage,
 };
 
 /// Brings a database to the current schema inside one `BEGIN IMMEDIATE` transaction, so two
@@ -150,7 +152,7 @@ impl KeyStore for SqliteStore {
             .bind(key_id)
             .fetch_optional(&self.pool)
             .await?;
-        row.as_ref().map(stored).transpose()
+        row.as_ref().map(stored::<Sqlite>).transpose()
     }
 
     async fn insert(&self, key: &StoredKey) -> Result<(), StoreError> {
@@ -198,14 +200,14 @@ impl KeyStore for SqliteStore {
                 .bind(owner)
                 .fetch_all(&self.pool)
                 .await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Sqlite>(&rows)?)
     }
 
     async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
         let rows = sqlx::query("SELECT * FROM api_keys ORDER BY created_at, key_id")
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Sqlite>(&rows)?)
     }
 
     async fn revoke(&self, key_id: &str, at: i64) -> Result<bool, StoreError> {
@@ -234,7 +236,7 @@ impl KeyStore for SqliteStore {
             query = query.bind(end.created_at).bind(&end.key_id);
         }
         let rows = query.bind(limit as i64).fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+        Ok(records::<Sqlite>(&rows)?)
     }
 
     async fn purge_revoked(&self, before: i64, batch: u32) -> Result<u64, StoreError> {
@@ -245,19 +247,52 @@ impl KeyStore for SqliteStore {
             .await?;
         Ok(done.rows_affected())
     }
+}
 
+#[async_trait]
+impl LedgerStore for SqliteStore {
     async fn add_usage(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
-        usage::add(&self.pool, None, rows, '?').await
+        ledger_sql::add(&self.pool, None, rows, '?').await
     }
 
     async fn add_usage_once(&self, batch: &str, rows: &[UsageRow]) -> Result<(), StoreError> {
-        usage::add(&self.pool, Some(batch), rows, '?').await
+        ledger_sql::add(&self.pool, Some(batch), rows, '?').await
     }
 
     async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
-        usage::report(&self.pool, q, false).await
+        ledger_sql::report(&self.pool, q, false).await
     }
 
+    async fn window_usage(
+        &self,
+        subject: &Subject,
+        starts: WindowStarts,
+    ) -> Result<WindowUsage, StoreError> {
+        let (column, id) = window_sql::column_of(subject);
+        let mut used =
+            window_sql::window_usage(&self.pool, column, Some(&[id]), starts, '?').await?;
+        Ok(used.remove(id).unwrap_or_default())
+    }
+
+    async fn keys_window_usage(
+        &self,
+        key_ids: &[String],
+        starts: WindowStarts,
+    ) -> Result<HashMap<String, WindowUsage>, StoreError> {
+        let ids: Vec<&str> = key_ids.iter().map(String::as_str).collect();
+        window_sql::window_usage(&self.pool, "key_id", Some(&ids), starts, '?').await
+    }
+
+    async fn all_window_usage(
+        &self,
+        starts: WindowStarts,
+    ) -> Result<Vec<(Subject, WindowUsage)>, StoreError> {
+        window_sql::all_window_usage(&self.pool, starts, '?').await
+    }
+}
+
+#[async_trait]
+impl BudgetStore for SqliteStore {
     async fn set_key_budget(&self, key_id: &str, budget: &Budget) -> Result<bool, StoreError> {
         budget_sql::set_key(&self.pool, key_id, budget, '?').await
     }
@@ -272,32 +307,5 @@ impl KeyStore for SqliteStore {
 
     async fn budget_changes(&self, since_ms: i64) -> Result<Vec<BudgetChange>, StoreError> {
         budget_sql::changes(&self.pool, since_ms, '?').await
-    }
-
-    async fn window_usage(
-        &self,
-        subject: &Subject,
-        starts: WindowStarts,
-    ) -> Result<WindowUsage, StoreError> {
-        let (column, id) = budget_sql::column_of(subject);
-        let mut used =
-            budget_sql::window_usage(&self.pool, column, Some(&[id]), starts, '?').await?;
-        Ok(used.remove(id).unwrap_or_default())
-    }
-
-    async fn keys_window_usage(
-        &self,
-        key_ids: &[String],
-        starts: WindowStarts,
-    ) -> Result<HashMap<String, WindowUsage>, StoreError> {
-        let ids: Vec<&str> = key_ids.iter().map(String::as_str).collect();
-        budget_sql::window_usage(&self.pool, "key_id", Some(&ids), starts, '?').await
-    }
-
-    async fn all_window_usage(
-        &self,
-        starts: WindowStarts,
-    ) -> Result<Vec<(Subject, WindowUsage)>, StoreError> {
-        budget_sql::all_window_usage(&self.pool, starts, '?').await
     }
 }

@@ -1,6 +1,10 @@
 //! Budgets as the store keeps them: the limits set on keys (columns of `api_keys`) and on
-//! owners (`owner_budgets`), each change stamped so gateways can poll for what changed, and
-//! the ledger's sums over the current hour, day and month that seed the budget counters.
+//! owners (`owner_budgets`), each change stamped so gateways can poll for what changed. What
+//! the ledger holds against them in the current windows is the ledger's (`ledger.rs`).
+
+use async_trait::async_trait;
+
+use super::StoreError;
 
 /// Limits per fixed UTC window (the hour, the day, the calendar month); `None`: no limit in
 /// that window. Tokens are prompt + completion.
@@ -79,60 +83,28 @@ pub struct BudgetChange {
     pub changed_at_ms: i64,
 }
 
-/// Unix seconds of the starts of the current UTC hour, day and calendar month.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowStarts {
-    pub hour: i64,
-    pub day: i64,
-    pub month: i64,
-}
-
-impl WindowStarts {
-    /// The windows `now` (unix seconds) falls in.
-    pub fn at(now: i64) -> WindowStarts {
-        WindowStarts {
-            hour: now - now.rem_euclid(3600),
-            day: now - now.rem_euclid(86_400),
-            month: crate::time::month_bounds(now).0,
-        }
+/// The budgets set on keys and owners, which the key API and the CLI set and every gateway
+/// polls for changes.
+#[async_trait]
+pub trait BudgetStore: Send + Sync {
+    /// Sets (an empty budget: clears) the budget of a key, stamping the change with the
+    /// store's own clock (a writer's may lag);
+    /// false if no such key. Test stores keep no budgets.
+    async fn set_key_budget(&self, _key_id: &str, _budget: &Budget) -> Result<bool, StoreError> {
+        Err("this store keeps no budgets".into())
     }
-
-    /// Unix seconds of the ends of the same windows: the next hour, day and month.
-    pub fn ends(&self) -> WindowStarts {
-        WindowStarts {
-            hour: self.hour + 3600,
-            day: self.day + 86_400,
-            month: crate::time::month_bounds(self.month).1,
-        }
+    /// The budget set on an owner, if any.
+    async fn owner_budget(&self, _owner: &str) -> Result<Option<Budget>, StoreError> {
+        Ok(None)
     }
-}
-
-/// What the ledger holds for one subject in the current windows (tokens: prompt +
-/// completion).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WindowUsage {
-    pub hour_tokens: u64,
-    pub day_tokens: u64,
-    pub month_tokens: u64,
-    pub day_requests: u64,
-}
-
-impl WindowUsage {
-    /// What each limit of a budget counts against, in `Budget::NAMES` order.
-    pub fn in_order(&self) -> [u64; 4] {
-        [
-            self.hour_tokens,
-            self.day_tokens,
-            self.month_tokens,
-            self.day_requests,
-        ]
+    /// Sets (an empty budget: clears) an owner's budget, stamping the change with the store's
+    /// own clock.
+    async fn set_owner_budget(&self, _owner: &str, _budget: &Budget) -> Result<(), StoreError> {
+        Err("this store keeps no budgets".into())
     }
-}
-
-impl WindowStarts {
-    /// Unix seconds when each window of `Budget::NAMES` ends (its count starts again).
-    pub fn resets(&self) -> [i64; 4] {
-        let ends = self.ends();
-        [ends.hour, ends.day, ends.month, ends.day]
+    /// Every key and owner budget stamped at or after `since_ms`, as it is now (cleared ones
+    /// as empty budgets). `since_ms = 0`: every budget ever set.
+    async fn budget_changes(&self, _since_ms: i64) -> Result<Vec<BudgetChange>, StoreError> {
+        Ok(Vec::new())
     }
 }
