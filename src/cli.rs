@@ -10,9 +10,9 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::access_log::{KeyEventFields, Record};
 use crate::auth::api_keys;
 use crate::config::Config;
+use crate::observe::access_log::{KeyEventFields, Record};
 use crate::server::{self, ServeOptions};
 use crate::store::{open_store, Budget, KeyRecord};
 use crate::time::{parse_lifetime, rfc3339, unix_now};

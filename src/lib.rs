@@ -6,21 +6,17 @@
 
 #![warn(unreachable_pub)]
 
-mod access_log;
 mod admin;
 mod admission;
 mod api;
 mod auth;
-mod budgets;
 mod cli;
 mod config;
 mod errors;
-mod logging;
+mod limits;
 mod metering;
-mod metrics;
-mod metrics_app;
+mod observe;
 mod proxy;
-mod rate_limit;
 mod replicas;
 mod scope;
 mod server;
@@ -34,7 +30,7 @@ pub mod fuzzing;
 
 // The binary.
 pub use cli::{run, Cli};
-pub use logging::init as init_logging;
+pub use observe::logging::init as init_logging;
 
 // Benchmarks and property tests of the request path's parts.
 pub use api::{affinity_body_key, affinity_session_key};
@@ -45,7 +41,7 @@ pub use auth::jwt::JwtVerifier;
 pub use auth::token::{classify as classify_bearer, Bearer};
 pub use config::{Config, JwtSettings};
 pub use errors::GatewayError;
-pub use metrics::Metrics;
+pub use observe::metrics::Metrics;
 pub use proxy::{classify_path, peer_for, Target};
 pub use replicas::Replicas;
 pub use store::{

@@ -14,19 +14,19 @@ use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
-use crate::access_log;
 use crate::admin::{AdminApp, AdminDeps, Retention};
 use crate::admission::Admission;
 use crate::auth::api_keys::{ApiKeyVerifier, KeyEvictor, RevocationPush};
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::Authenticator;
-use crate::budgets::{BudgetSync, Budgets, SyncState};
 use crate::config::{BudgetSettings, Config};
+use crate::limits::budgets::{BudgetSync, Budgets, SyncState};
+use crate::limits::SharedRedis;
 use crate::metering::{Ledger, LedgerService, Meter, FINAL_FLUSH};
-use crate::metrics::Metrics;
-use crate::metrics_app::MetricsApp;
+use crate::observe::access_log;
+use crate::observe::metrics::Metrics;
+use crate::observe::metrics_app::MetricsApp;
 use crate::proxy::{peer_for, Gateway};
-use crate::rate_limit::Backend;
 use crate::replicas::{DnsRefresh, HealthChecks, MakePeer, Replicas, UpstreamResolver};
 use crate::shutdown::{Connections, Drain, Tracked, Watchdog};
 use crate::store::{open_store, Store};
@@ -238,18 +238,22 @@ pub(crate) fn serve(mut config: Config, options: ServeOptions) -> Result<(), Str
 
 /// The process's one Redis connection, shared by every rate-limited service and the
 /// budgets; made only when something uses it.
-fn redis_backend(config: &Config, metrics: &Metrics) -> Option<Arc<Backend>> {
+fn redis_backend(config: &Config, metrics: &Metrics) -> Option<Arc<SharedRedis>> {
     let limited = (config.services.iter()).any(|s| s.rate_limit_per_minute.is_some());
     let server = config.rate_limits.redis.as_ref()?;
-    (limited || config.budgets.is_some())
-        .then(|| Arc::new(Backend::new(server, &metrics.rate_limit_backend_errors())))
+    (limited || config.budgets.is_some()).then(|| {
+        Arc::new(SharedRedis::new(
+            server,
+            &metrics.rate_limit_backend_errors(),
+        ))
+    })
 }
 
 fn budgets(
     config: &Config,
     settings: BudgetSettings,
     store: &Arc<dyn Store>,
-    redis: Option<Arc<Backend>>,
+    redis: Option<Arc<SharedRedis>>,
     metrics: &Metrics,
 ) -> Arc<Budgets> {
     let services: Vec<&str> = config.services.iter().map(|s| s.name.as_str()).collect();

@@ -17,8 +17,8 @@ use pingora::protocols::Stream;
 use pingora::server::{ExecutionPhase, ShutdownWatch};
 use pingora::services::background::BackgroundService;
 
-use crate::access_log::AccessLog;
 use crate::metering::Ledger;
+use crate::observe::access_log::AccessLog;
 
 /// Open client connections of the proxy service, and whether its listeners are closed.
 #[derive(Default)]

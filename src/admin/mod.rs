@@ -23,15 +23,15 @@ use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
 use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 
-use crate::access_log::AccessLog;
 use crate::auth::api_keys::KeyEvictor;
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::token::{self, Bearer, ShapeError};
 use crate::auth::{AuthFailure, Principal};
 use crate::config::{AdminSettings, Config};
-use crate::metrics::Metrics;
+use crate::limits::rate::Limiter;
+use crate::observe::access_log::AccessLog;
+use crate::observe::metrics::Metrics;
 use crate::proxy::RequestId;
-use crate::rate_limit::Limiter;
 use crate::store::{Budget, Store};
 use pingora::http::ResponseHeader;
 use reply::Reply;

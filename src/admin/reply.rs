@@ -7,9 +7,9 @@ use pingora::http::ResponseHeader;
 use pingora::protocols::http::ServerSession;
 
 use super::{KeyEvent, SERVICE_LABEL};
-use crate::access_log::{millis, path_only, HttpFields, KeyEventFields, Record};
 use crate::auth::{AuthFailure, Principal};
 use crate::errors::GatewayError;
+use crate::observe::access_log::{millis, path_only, HttpFields, KeyEventFields, Record};
 use crate::time::rfc3339_millis;
 
 /// Bodies on the admin listener are a name and a few scopes: anything larger is not ours.

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 
 use super::record_event;
-use crate::access_log::KeyEventFields;
 use crate::auth::token::KeyId;
 use crate::config::Config;
+use crate::observe::access_log::KeyEventFields;
 use crate::store::{
     open_store, Budget, KeyRecord, LedgerStore, Store, Subject, WindowStarts, WindowUsage,
 };

@@ -7,10 +7,10 @@ use std::path::Path;
 use http::{HeaderMap, HeaderValue, Method};
 use jsonwebtoken::Algorithm;
 
-use crate::access_log::{path_only, HttpFields, ProxiedFields, Record};
 use crate::auth::jwt::{check_header, claims::Claims, MAX_KID_LEN};
 use crate::auth::token::{self, Bearer, KeyId, API_KEY_PREFIX, KEY_ID_LEN, SECRET_LEN};
 use crate::config::Config;
+use crate::observe::access_log::{path_only, HttpFields, ProxiedFields, Record};
 use crate::proxy::{classify_path, Target};
 const METHODS: [&str; 9] = [
     "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "CONNECT", "TRACE",

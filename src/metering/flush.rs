@@ -16,7 +16,7 @@ use pingora::services::background::BackgroundService;
 use prometheus::{IntCounterVec, IntGauge, Opts};
 
 use super::Meter;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::store::{open_store, LedgerStore, StoreError, UsageRow};
 
 /// A write that takes longer is abandoned (rolled back) and retried on the next tick.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Charge, Ledger, Meter};
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::store::{open_store, Grouping, UsageCounts, UsageQuery, UsageRow};
 
 fn charge<'a>(key: Option<&'a str>, owner: Option<&'a str>, model: Option<&'a str>) -> Charge<'a> {

@@ -8,8 +8,8 @@ use super::route::Route;
 use super::{validate, RequestCtx};
 use crate::api::{self, Endpoint};
 use crate::auth::Principal;
-use crate::budgets::Budgets;
 use crate::errors::GatewayError;
+use crate::limits::budgets::Budgets;
 
 pub(super) async fn call(
     route: &Route,

@@ -10,7 +10,7 @@ use pingora::{Error, ErrorType, Result};
 
 use super::{Gateway, RequestCtx};
 use crate::api::{self, CapRule};
-use crate::budgets::{Quota, Refusal};
+use crate::limits::budgets::{Quota, Refusal};
 
 /// Why a request may not go on for its budget.
 pub(crate) enum BudgetStop {

@@ -87,7 +87,7 @@ pub(crate) struct RequestCtx {
     /// The caller's budgets were checked (once per request).
     pub budget_decided: bool,
     /// What the request reserved of its budgets, settled when it ends.
-    pub budget: Option<Box<crate::budgets::Reservation>>,
+    pub budget: Option<Box<crate::limits::budgets::Reservation>>,
     /// Why a held body's request was refused for its budget, for the 429 (or 503).
     pub budget_refusal: Option<super::budget::BudgetStop>,
     // 7. Upstream.

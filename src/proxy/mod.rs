@@ -45,15 +45,15 @@ use route::Route;
 pub(crate) use route::RouteId;
 pub use upstream::peer_for;
 
-use crate::access_log::AccessLog;
 use crate::api::Models;
 use crate::auth::Authenticator;
-use crate::budgets::Budgets;
 use crate::config::Config;
 use crate::errors::GatewayError;
+use crate::limits::budgets::Budgets;
+use crate::limits::SharedRedis;
 use crate::metering::Meter;
-use crate::metrics::{Metrics, ServiceMetrics};
-use crate::rate_limit::Backend;
+use crate::observe::access_log::AccessLog;
+use crate::observe::metrics::{Metrics, ServiceMetrics};
 use crate::replicas::Replicas;
 
 pub(crate) struct Gateway {
@@ -102,7 +102,7 @@ impl Gateway {
         access_log: AccessLog,
         replicas: Vec<Arc<Replicas>>,
         metering: (Arc<Meter>, Option<Arc<Budgets>>),
-        redis: Option<&Arc<Backend>>,
+        redis: Option<&Arc<SharedRedis>>,
     ) -> Gateway {
         let (meter, budgets) = metering;
         Gateway {

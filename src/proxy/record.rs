@@ -7,8 +7,8 @@ use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType};
 
 use super::{answers, Gateway, RequestCtx};
-use crate::access_log::{millis, path_only, HttpFields, ProxiedFields, Record};
 use crate::metering::Charge;
+use crate::observe::access_log::{millis, path_only, HttpFields, ProxiedFields, Record};
 use crate::time::rfc3339_millis;
 
 /// The access-log line of a finished request; `service` is its bounded metrics label.

@@ -8,8 +8,9 @@ use super::RequestCtx;
 use crate::api::Models;
 use crate::config::{Config, ServiceConfig};
 use crate::errors::GatewayError;
-use crate::metrics::{Metrics, ServiceMetrics};
-use crate::rate_limit::{Backend, Limit};
+use crate::limits::rate::Limit;
+use crate::limits::SharedRedis;
+use crate::observe::metrics::{Metrics, ServiceMetrics};
 use crate::replicas::Replicas;
 
 pub(crate) struct Route {
@@ -26,7 +27,7 @@ impl Route {
         config: &Config,
         metrics: &Metrics,
         replicas: Vec<Arc<Replicas>>,
-        redis: Option<&Arc<Backend>>,
+        redis: Option<&Arc<SharedRedis>>,
     ) -> Vec<Route> {
         for service in config.services.iter().filter(|s| s.models.is_some()) {
             // Present from the start at 0, so a rate() over it is defined before the first call.

@@ -118,7 +118,7 @@ pub(crate) fn bound(load_factor: f64, total_in_flight: usize, in_rotation: usize
 pub(crate) struct Counters([IntCounter; 3]);
 
 impl Counters {
-    pub(crate) fn new(metrics: &crate::metrics::Metrics, service: &str) -> Counters {
+    pub(crate) fn new(metrics: &crate::observe::metrics::Metrics, service: &str) -> Counters {
         Counters(Affinity::ALL.map(|a| metrics.affinity(service, a.as_str())))
     }
 

@@ -20,7 +20,7 @@ use pingora::upstreams::peer::HttpPeer;
 use prometheus::{IntCounter, IntGauge};
 
 use crate::config::{Balance, Balancing, ServiceConfig, Upstream};
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 pub(crate) use affinity::Affinity;
 pub(crate) use dns::{DnsRefresh, MakePeer, UpstreamResolver};

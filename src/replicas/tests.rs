@@ -5,7 +5,7 @@ use pingora::upstreams::peer::Peer;
 
 use super::Replicas;
 use crate::config::Config;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 fn replicas(extra: &str, n: usize) -> Arc<Replicas> {
     let list: Vec<String> = (1..=n)

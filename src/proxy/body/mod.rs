@@ -157,7 +157,10 @@ pub(super) fn filter(
 ) -> Result<()> {
     let models = gw.models(ctx);
     if let (Some(body), Some(models)) = (&mut ctx.body, models) {
-        let cap = gw.budgets.as_deref().map(crate::budgets::Budgets::cap_rule);
+        let cap = gw
+            .budgets
+            .as_deref()
+            .map(crate::limits::budgets::Budgets::cap_rule);
         body.filter_body(session, chunk, end_of_stream, models, cap)?;
     }
     Ok(())

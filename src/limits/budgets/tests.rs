@@ -10,8 +10,8 @@ use super::window::Kind;
 use super::{Ask, Budgets, SyncState};
 use crate::auth::{Principal, PrincipalKind};
 use crate::config::{BudgetSettings, Enforcement, RedisServer as RedisUrl};
-use crate::metrics::Metrics;
-use crate::rate_limit::Backend;
+use crate::limits::SharedRedis;
+use crate::observe::metrics::Metrics;
 use crate::store::{
     Budget, BudgetChange, BudgetStore, KeyRecord, KeyStore, LedgerStore, StoreError, StoredKey,
     Subject, WindowStarts, WindowUsage,
@@ -125,7 +125,7 @@ fn per_day(tokens: u64) -> Budget {
     }
 }
 
-async fn budgets(store: &Arc<Store>, redis: Option<Arc<Backend>>) -> Budgets {
+async fn budgets(store: &Arc<Store>, redis: Option<Arc<SharedRedis>>) -> Budgets {
     let b = Budgets::new(
         settings(Enforcement::Reserve),
         store.clone(),
@@ -312,7 +312,7 @@ fn asks_reserve_the_prompt_estimate_and_the_stated_cap() {
     );
 }
 
-fn redis_backend(url: &str) -> Arc<Backend> {
+fn redis_backend(url: &str) -> Arc<SharedRedis> {
     let errors =
         prometheus::IntCounterVec::new(prometheus::Opts::new("errors", "test"), &["reason"])
             .unwrap();
@@ -320,7 +320,7 @@ fn redis_backend(url: &str) -> Arc<Backend> {
         client: redis::Client::open(url).unwrap(),
         shown: "test".into(),
     };
-    Arc::new(Backend::new(&server, &errors))
+    Arc::new(SharedRedis::new(&server, &errors))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

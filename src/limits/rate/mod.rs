@@ -1,25 +1,24 @@
 //! Per-principal request limits per service (`rate_limit_per_minute`).
 //!
 //! Without `[rate_limits] redis` each process counts on its own (`local`), lock-free. With it,
-//! every gateway sharing that Redis enforces one limit together (`redis`: GCRA in a Lua
+//! every gateway sharing that Redis enforces one limit together (`limits::redis`: GCRA in a Lua
 //! script, one round trip per limited request), and a request that Redis does not answer
 //! within 50 ms is decided by the per-process count instead: never by no limit.
 
-mod local;
-mod redis;
+pub(super) mod local;
 
 use std::sync::Arc;
 
 use crate::auth::Principal;
 
 pub(crate) use self::local::Limiter;
-pub(crate) use self::redis::{escape_id, Backend};
+use super::redis::{self, SharedRedis};
 
 /// One service's limit.
 pub(crate) enum Limit {
     None,
     Local(Limiter),
-    Shared(self::redis::Shared),
+    Shared(redis::Shared),
 }
 
 impl Limit {
@@ -27,12 +26,12 @@ impl Limit {
     pub(crate) fn new(
         service: &str,
         per_minute: Option<u32>,
-        backend: Option<&Arc<Backend>>,
+        backend: Option<&Arc<SharedRedis>>,
     ) -> Limit {
         match (per_minute, backend) {
             (None, _) => Limit::None,
             (Some(n), None) => Limit::Local(Limiter::per_minute(n)),
-            (Some(n), Some(b)) => Limit::Shared(self::redis::Shared::new(b.clone(), service, n)),
+            (Some(n), Some(b)) => Limit::Shared(redis::Shared::new(b.clone(), service, n)),
         }
     }
 

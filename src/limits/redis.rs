@@ -28,7 +28,7 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{RedisResult, Script};
 use prometheus::{IntCounter, IntCounterVec};
 
-use super::local::Limiter;
+use super::rate::local::Limiter;
 use crate::auth::Principal;
 use crate::config::RedisServer;
 
@@ -59,8 +59,9 @@ redis.call('SET', KEYS[1], string.format('%.0f', next_tat), 'PX', math.ceil((nex
 return {1, 0}
 "#;
 
-/// One per process, shared by every service's limit: the connection, the script, the health.
-pub(crate) struct Backend {
+/// One per process, shared by every service's rate limit and by the budgets: the connection
+/// (and its health), and the rate limits' script.
+pub(crate) struct SharedRedis {
     client: ::redis::Client,
     /// For logs: the URL without user name or password.
     shown: String,
@@ -81,15 +82,15 @@ struct ErrorCounters {
     unavailable: IntCounter,
 }
 
-impl Backend {
+impl SharedRedis {
     /// No connection yet: it is made on first use, so a Redis that is down at start-up delays
     /// nothing. `errors` is `portcullis_rate_limit_backend_errors_total`.
-    pub(crate) fn new(server: &RedisServer, errors: &IntCounterVec) -> Backend {
+    pub(crate) fn new(server: &RedisServer, errors: &IntCounterVec) -> SharedRedis {
         log::info!(
             "rate limits are shared through Redis at {} (GCRA; per process while it fails)",
             server.shown
         );
-        Backend {
+        SharedRedis {
             client: server.client.clone(),
             shown: server.shown.clone(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -238,7 +239,7 @@ impl Backend {
 }
 
 thread_local! {
-    /// Each thread's connections, by `Backend::id` (one per process outside tests).
+    /// Each thread's connections, by `SharedRedis::id` (one per process outside tests).
     static CONNECTIONS: std::cell::RefCell<Vec<(u64, ConnectionManager)>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -248,14 +249,14 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 /// One service's limit shared through Redis, with the per-process limiter as its fallback.
 pub(crate) struct Shared {
-    backend: Arc<Backend>,
+    backend: Arc<SharedRedis>,
     service: Box<str>,
     limit: u32,
     local: Limiter,
 }
 
 impl Shared {
-    pub(crate) fn new(backend: Arc<Backend>, service: &str, limit: u32) -> Shared {
+    pub(crate) fn new(backend: Arc<SharedRedis>, service: &str, limit: u32) -> Shared {
         Shared {
             backend,
             service: service.into(),

@@ -14,7 +14,7 @@ use redis::Script;
 
 use super::window::{Kind, Windows};
 use super::Who;
-use crate::rate_limit::{escape_id, Backend};
+use crate::limits::{escape_id, SharedRedis};
 
 /// KEYS: counters. ARGV, four per counter: limit, amount, time to live (s), seed (-1: none).
 /// Returns `{-1, i…}`: counters missing without a seed; `{0, i, used}`: counter `i` refused
@@ -93,7 +93,7 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 const GRACE: i64 = 3600;
 
 pub(crate) struct Shared {
-    backend: std::sync::Arc<Backend>,
+    backend: std::sync::Arc<SharedRedis>,
     reserve: Script,
     adjust: Script,
     raise: Script,
@@ -118,7 +118,7 @@ pub(crate) enum Reply {
 }
 
 impl Shared {
-    pub(crate) fn new(backend: std::sync::Arc<Backend>) -> Shared {
+    pub(crate) fn new(backend: std::sync::Arc<SharedRedis>) -> Shared {
         Shared {
             backend,
             reserve: Script::new(RESERVE),
@@ -127,7 +127,7 @@ impl Shared {
         }
     }
 
-    pub(crate) fn backend(&self) -> &Backend {
+    pub(crate) fn backend(&self) -> &SharedRedis {
         &self.backend
     }
 

@@ -25,8 +25,8 @@ use prometheus::{IntCounterVec, Opts};
 use crate::api::CapRule;
 use crate::auth::Principal;
 use crate::config::{BudgetSettings, Enforcement};
-use crate::metrics::Metrics;
-use crate::rate_limit::Backend;
+use crate::limits::SharedRedis;
+use crate::observe::metrics::Metrics;
 use crate::store::{Budget, Store, Subject};
 use crate::time::{rfc3339, Clock};
 use local::Local;
@@ -200,7 +200,7 @@ impl Budgets {
     pub(crate) fn new(
         settings: BudgetSettings,
         store: Arc<dyn Store>,
-        redis: Option<Arc<Backend>>,
+        redis: Option<Arc<SharedRedis>>,
         metrics: &Metrics,
         services: &[&str],
     ) -> Budgets {

@@ -5,7 +5,7 @@ use http::Response;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 /// The `/metrics` endpoint.
 pub(crate) struct MetricsApp(pub std::sync::Arc<Metrics>);

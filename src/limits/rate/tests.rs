@@ -7,7 +7,7 @@ use prometheus::{IntCounterVec, Opts};
 
 use super::redis::{caller_key, escape_id, Shared};
 use super::redis::{RETRY_INTERVAL, TIMEOUT};
-use super::{Backend, Limit};
+use super::{Limit, SharedRedis};
 use crate::auth::{Principal, PrincipalKind};
 use crate::config::RedisServer as RedisUrl;
 
@@ -32,13 +32,13 @@ fn counters() -> IntCounterVec {
     IntCounterVec::new(Opts::new("errors", "test"), &["reason"]).unwrap()
 }
 
-fn backend(url: &str) -> (Arc<Backend>, IntCounterVec) {
+fn backend(url: &str) -> (Arc<SharedRedis>, IntCounterVec) {
     let errors = counters();
     let server = RedisUrl {
         client: redis::Client::open(url).unwrap(),
         shown: "test".into(),
     };
-    (Arc::new(Backend::new(&server, &errors)), errors)
+    (Arc::new(SharedRedis::new(&server, &errors)), errors)
 }
 
 fn count(errors: &IntCounterVec, reason: &str) -> u64 {
