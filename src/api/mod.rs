@@ -26,6 +26,7 @@ mod openai;
 mod policy;
 mod rate_headers;
 mod request;
+mod translate;
 mod unmetered;
 mod usage;
 

@@ -1,0 +1,441 @@
+//! A chat stream as a Messages stream, converted event by event as the bytes arrive: nothing
+//! waits for more than the rest of the event it is in.
+//!
+//! `message_start` on the first chunk; then one content block at a time, in the order the
+//! chat deltas come: `thinking` (from `reasoning_content`) with `thinking_delta`s, `text` with
+//! `text_delta`s, a `tool_use` per tool call with its arguments as `input_json_delta`s; each
+//! closed by `content_block_stop` when the next begins. At the end (`[DONE]`, or the end of the
+//! body after a `finish_reason`, for servers that send no `[DONE]`) `message_delta` with the
+//! stop reason and the usage, then `message_stop`. A stream that ends before its finish reason
+//! was cut: the client's stream ends with an `error` event, as Anthropic's API ends one.
+//!
+//! Tool calls are taken to stream one after another (as OpenAI, vLLM and SGLang send them): a
+//! delta for a call whose block was already closed is dropped, since a Messages stream cannot
+//! reopen a block.
+
+use serde_json::{json, Value};
+
+use super::answer::message_id;
+use super::{stop_reason, usage};
+
+/// The block being streamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    None,
+    Thinking,
+    Text,
+    /// A tool call, by its chat index.
+    Tool(u64),
+}
+
+pub(crate) struct StreamToMessages {
+    /// The start of a line not yet complete.
+    line: Vec<u8>,
+    /// The data lines of the event being read, joined with LF.
+    data: Vec<u8>,
+    /// The model the client asked for, for a stream whose chunks name none.
+    model: String,
+    started: bool,
+    block: Block,
+    /// The index of the next content block.
+    next_index: u64,
+    /// The highest chat tool index whose block was opened.
+    last_tool: Option<u64>,
+    stop_reason: Option<&'static str>,
+    usage: Option<Value>,
+    ended: bool,
+}
+
+impl StreamToMessages {
+    pub(crate) fn new(model: &str) -> StreamToMessages {
+        StreamToMessages {
+            line: Vec::new(),
+            data: Vec::new(),
+            model: model.to_string(),
+            started: false,
+            block: Block::None,
+            next_index: 0,
+            last_tool: None,
+            stop_reason: None,
+            usage: None,
+            ended: false,
+        }
+    }
+
+    /// Converts the complete events in `bytes` (with what came before), appending the Messages
+    /// events to `out`.
+    pub(crate) fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<u8>) {
+        while let Some(end) = memchr::memchr(b'\n', bytes) {
+            let (head, rest) = bytes.split_at(end);
+            bytes = &rest[1..];
+            let line = if self.line.is_empty() {
+                head
+            } else {
+                self.line.extend_from_slice(head);
+                &self.line[..]
+            };
+            let line = line.strip_suffix(b"\r").unwrap_or(line).to_vec();
+            self.line.clear();
+            self.line_done(&line, out);
+        }
+        self.line.extend_from_slice(bytes);
+    }
+
+    /// The upstream's body ended: the last event, then the end of the Messages stream, or its
+    /// `error` event when the chat stream was cut.
+    pub(crate) fn finish(&mut self, out: &mut Vec<u8>) {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.line_done(line.strip_suffix(b"\r").unwrap_or(&line), out);
+        }
+        self.dispatch(out);
+        if self.ended {
+            return;
+        }
+        if self.stop_reason.is_some() {
+            self.end(out);
+        } else {
+            self.cut(
+                out,
+                "the upstream's stream ended before its answer was complete",
+            );
+        }
+    }
+
+    /// Whether the Messages stream has ended (its `message_stop` or `error` written).
+    pub(crate) fn ended(&self) -> bool {
+        self.ended
+    }
+
+    fn line_done(&mut self, line: &[u8], out: &mut Vec<u8>) {
+        if line.is_empty() {
+            self.dispatch(out);
+        } else if let Some(data) = line.strip_prefix(b"data:") {
+            let data = data.strip_prefix(b" ").unwrap_or(data);
+            if !self.data.is_empty() {
+                self.data.push(b'\n');
+            }
+            self.data.extend_from_slice(data);
+        }
+    }
+
+    /// One complete chat event.
+    fn dispatch(&mut self, out: &mut Vec<u8>) {
+        if self.data.is_empty() || self.ended {
+            self.data.clear();
+            return;
+        }
+        let data = std::mem::take(&mut self.data);
+        if data.trim_ascii() == b"[DONE]" {
+            if self.stop_reason.is_some() {
+                self.end(out);
+            } else {
+                self.cut(out, "the upstream's stream ended without a finish reason");
+            }
+            return;
+        }
+        let Ok(chunk) = serde_json::from_slice::<Value>(&data) else {
+            return;
+        };
+        if let Some(error) = chunk.get("error") {
+            let message = error["message"]
+                .as_str()
+                .map_or_else(|| error.to_string(), str::to_string);
+            self.cut(out, &message);
+            return;
+        }
+        self.start(&chunk, out);
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(usage.clone());
+        }
+        let choice = &chunk["choices"][0];
+        let delta = &choice["delta"];
+        let reasoning = delta["reasoning_content"]
+            .as_str()
+            .or(delta["reasoning"].as_str());
+        if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+            self.open(Block::Thinking, out);
+            self.delta(json!({"type": "thinking_delta", "thinking": text}), out);
+        }
+        if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+            self.open(Block::Text, out);
+            self.delta(json!({"type": "text_delta", "text": text}), out);
+        }
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            self.tool_call(call, out);
+        }
+        if let Some(finish) = choice["finish_reason"].as_str() {
+            self.stop_reason = Some(stop_reason(finish));
+        }
+    }
+
+    fn tool_call(&mut self, call: &Value, out: &mut Vec<u8>) {
+        let index = call["index"].as_u64().unwrap_or(0);
+        if self.block != Block::Tool(index) {
+            if self.last_tool.is_some_and(|last| index <= last) {
+                return; // its block was closed: Messages cannot reopen it
+            }
+            self.close(out);
+            let function = &call["function"];
+            let block = json!({
+                "type": "tool_use",
+                "id": call["id"].clone(),
+                "name": function["name"].clone(),
+                "input": {},
+            });
+            self.begin(Block::Tool(index), block, out);
+            self.last_tool = Some(index);
+        }
+        if let Some(part) = call["function"]["arguments"]
+            .as_str()
+            .filter(|a| !a.is_empty())
+        {
+            self.delta(
+                json!({"type": "input_json_delta", "partial_json": part}),
+                out,
+            );
+        }
+    }
+
+    fn start(&mut self, chunk: &Value, out: &mut Vec<u8>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let model = chunk["model"].as_str().unwrap_or(&self.model);
+        let message = json!({
+            "id": message_id(chunk["id"].as_str()),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": null,
+            "stop_sequence": null,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        });
+        event(
+            out,
+            "message_start",
+            &json!({"type": "message_start", "message": message}),
+        );
+    }
+
+    /// Makes `kind` the open block (a text or thinking block, started empty).
+    fn open(&mut self, kind: Block, out: &mut Vec<u8>) {
+        if self.block == kind {
+            return;
+        }
+        self.close(out);
+        let block = match kind {
+            Block::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+            _ => json!({"type": "text", "text": ""}),
+        };
+        self.begin(kind, block, out);
+    }
+
+    fn begin(&mut self, kind: Block, block: Value, out: &mut Vec<u8>) {
+        let start = json!({"type": "content_block_start", "index": self.next_index, "content_block": block});
+        event(out, "content_block_start", &start);
+        self.block = kind;
+    }
+
+    fn delta(&self, delta: Value, out: &mut Vec<u8>) {
+        let index = self.next_index;
+        let event_body = json!({"type": "content_block_delta", "index": index, "delta": delta});
+        event(out, "content_block_delta", &event_body);
+    }
+
+    fn close(&mut self, out: &mut Vec<u8>) {
+        if self.block == Block::None {
+            return;
+        }
+        let stop = json!({"type": "content_block_stop", "index": self.next_index});
+        event(out, "content_block_stop", &stop);
+        self.block = Block::None;
+        self.next_index += 1;
+    }
+
+    fn end(&mut self, out: &mut Vec<u8>) {
+        self.close(out);
+        let delta = json!({
+            "type": "message_delta",
+            "delta": {"stop_reason": self.stop_reason.unwrap_or("end_turn"), "stop_sequence": null},
+            "usage": usage(self.usage.as_ref()),
+        });
+        event(out, "message_delta", &delta);
+        event(out, "message_stop", &json!({"type": "message_stop"}));
+        self.ended = true;
+    }
+
+    fn cut(&mut self, out: &mut Vec<u8>, message: &str) {
+        let error = json!({"type": "error", "error": {"type": "api_error", "message": message}});
+        event(out, "error", &error);
+        self.ended = true;
+    }
+}
+
+fn event(out: &mut Vec<u8>, name: &str, data: &Value) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    out.extend_from_slice(data.to_string().as_bytes());
+    out.extend_from_slice(b"\n\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chat stream with thinking, text, two tool calls and usage, as vLLM sends it.
+    fn chat_stream() -> String {
+        let chunks = [
+            json!({"id": "c1", "model": "qwen", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
+            json!({"id": "c1", "model": "qwen", "choices": [{"index": 0, "delta": {"reasoning_content": "Think"}}]}),
+            json!({"id": "c1", "model": "qwen", "choices": [{"index": 0, "delta": {"reasoning_content": "ing."}}]}),
+            json!({"id": "c1", "model": "qwen", "choices": [{"index": 0, "delta": {"content": "Hel"}}]}),
+            json!({"id": "c1", "model": "qwen", "choices": [{"index": 0, "delta": {"content": "lo"}}]}),
+            json!({"id": "c1", "model": "qwen", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "w", "arguments": ""}}]}}]}),
+            json!({"id": "c1", "model": "qwen", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]}}]}),
+            json!({"id": "c1", "model": "qwen", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}}]}),
+            json!({"id": "c1", "model": "qwen", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 1, "id": "call_b", "type": "function", "function": {"name": "t", "arguments": "{}"}}]}}]}),
+            json!({"id": "c1", "model": "qwen", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+            json!({"id": "c1", "model": "qwen", "choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 10}}}),
+        ];
+        let mut s: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+        s.push_str("data: [DONE]\n\n");
+        s
+    }
+
+    /// The Messages events of a converted stream, as (name, data).
+    fn events(out: &[u8]) -> Vec<(String, Value)> {
+        let text = std::str::from_utf8(out).unwrap();
+        (text.split("\n\n").filter(|e| !e.is_empty()))
+            .map(|e| {
+                let (name, data) = e.split_once('\n').unwrap();
+                let name = name.strip_prefix("event: ").unwrap().to_string();
+                (
+                    name,
+                    serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn convert(chunks: &[&[u8]]) -> Vec<u8> {
+        let mut conv = StreamToMessages::new("claude-x");
+        let mut out = Vec::new();
+        for chunk in chunks {
+            conv.feed(chunk, &mut out);
+        }
+        conv.finish(&mut out);
+        out
+    }
+
+    #[test]
+    fn blocks_come_in_order_with_their_deltas_and_the_usage_at_the_end() {
+        let out = convert(&[chat_stream().as_bytes()]);
+        let names: Vec<String> = events(&out).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop",
+            ]
+        );
+        let all = events(&out);
+        assert_eq!(all[0].1["message"]["id"], "msg_c1");
+        assert_eq!(all[0].1["message"]["model"], "qwen");
+        assert_eq!(all[1].1["content_block"]["type"], "thinking");
+        assert_eq!(
+            all[2].1["delta"],
+            json!({"type": "thinking_delta", "thinking": "Think"})
+        );
+        assert_eq!(
+            all[5].1,
+            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}})
+        );
+        assert_eq!(
+            all[9].1["content_block"],
+            json!({"type": "tool_use", "id": "call_a", "name": "w", "input": {}})
+        );
+        assert_eq!(
+            all[10].1["delta"],
+            json!({"type": "input_json_delta", "partial_json": "{\"city\":"})
+        );
+        assert_eq!(all[13].1["index"], 3);
+        assert_eq!(
+            all[16].1,
+            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+                   "usage": {"input_tokens": 40, "cache_read_input_tokens": 10, "output_tokens": 9}})
+        );
+    }
+
+    #[test]
+    fn the_output_does_not_depend_on_how_the_bytes_are_split() {
+        let stream = chat_stream().replace("\n", "\r\n");
+        let whole = convert(&[stream.as_bytes()]);
+        let bytes = stream.as_bytes();
+        for at in 0..bytes.len() {
+            assert_eq!(
+                convert(&[&bytes[..at], &bytes[at..]]),
+                whole,
+                "split at {at}"
+            );
+        }
+        let singles: Vec<&[u8]> = bytes.chunks(1).collect();
+        assert_eq!(convert(&singles), whole);
+    }
+
+    #[test]
+    fn each_event_is_converted_as_soon_as_it_is_complete() {
+        let mut conv = StreamToMessages::new("m");
+        let mut out = Vec::new();
+        conv.feed(
+            b"data: {\"id\":\"x\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n",
+            &mut out,
+        );
+        assert!(out.is_empty(), "the event is not complete yet");
+        conv.feed(b"\n", &mut out);
+        let names: Vec<String> = events(&out).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cut_stream_ends_with_an_error_event_and_one_without_done_still_ends() {
+        let cut =
+            convert(&[b"data: {\"id\":\"x\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"]);
+        let last = events(&cut).pop().unwrap();
+        assert_eq!(last.0, "error");
+        assert_eq!(last.1["error"]["type"], "api_error");
+        // transformers serve: usage on the last chunk, no [DONE].
+        let no_done = convert(&[b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n"]);
+        let names: Vec<String> = events(&no_done).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names.last().map(String::as_str), Some("message_stop"));
+        assert_eq!(events(&no_done)[0].1["message"]["model"], "claude-x");
+        let error = convert(&[b"data: {\"error\":{\"message\":\"overloaded\"}}\n\n"]);
+        assert_eq!(events(&error)[0].1["error"]["message"], "overloaded");
+    }
+}
