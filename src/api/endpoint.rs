@@ -91,7 +91,7 @@ fn matching(api: Api, path: &[u8]) -> Option<Endpoint> {
 }
 
 /// `path` with its percent-escapes decoded and each segment's `;` parameters dropped.
-fn normalized(path: &[u8]) -> Vec<u8> {
+pub(crate) fn normalized(path: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(path.len());
     let mut params = false;
     let mut i = 0;

@@ -208,6 +208,9 @@ pub(crate) struct Service {
     /// gateway does not meter them.
     #[serde(default)]
     pub unmetered_paths: Vec<String>,
+    /// Endpoint -> endpoint: what clients send, translated to what the upstream speaks.
+    #[serde(default)]
+    pub translate: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 
 use super::{AdminSettings, Balancing};
-use crate::api::{Api, Models};
+use crate::api::{Api, Models, Pair};
 use crate::scope::Scope;
 
 #[derive(Debug, Clone)]
@@ -182,6 +182,8 @@ pub struct ServiceConfig {
     /// `unmetered_paths`: forwarded paths (and what is below them) a caller with a token
     /// budget may call on this `api` service although nothing there is metered.
     pub unmetered_paths: Vec<String>,
+    /// `translate`: the endpoints whose calls are translated to another API's endpoint.
+    pub(crate) translate: Vec<Pair>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -1,6 +1,7 @@
 //! `[services.<name>]`: the name, scope, upstream headers, CA, limits, timeouts and the
 //! model policy of one service (its replicas are in `replicas.rs`).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
@@ -8,7 +9,7 @@ use http::header::{HeaderName, HeaderValue};
 use super::parse::load_pem_certs;
 use super::validate::Validator;
 use super::{file, one_line, ServiceConfig};
-use crate::api::{Api, Models};
+use crate::api::{Api, Models, Pair};
 use crate::scope::Scope;
 
 /// Request headers an operator may not inject: they would break framing or routing.
@@ -133,6 +134,7 @@ impl Validator<'_> {
                 self.problem(&pkey, why);
             }
         }
+        let translate = self.translate(&key, api, &s.translate);
         Some(ServiceConfig {
             name,
             scope: scope?,
@@ -147,7 +149,36 @@ impl Validator<'_> {
             api,
             models,
             unmetered_paths: s.unmetered_paths,
+            translate,
         })
+    }
+
+    /// `translate`: each pair must be one the service's `api` can serve.
+    fn translate(
+        &mut self,
+        key: &str,
+        api: Option<Api>,
+        pairs: &BTreeMap<String, String>,
+    ) -> Vec<Pair> {
+        let key = format!("{key}.translate");
+        if pairs.is_empty() {
+            return Vec::new();
+        }
+        let Some(api) = api else {
+            self.problem(
+                &key,
+                "needs `api`: only the endpoints of a service's API are translated",
+            );
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (from, to) in pairs {
+            match Pair::configured(api, from, to) {
+                Ok(pair) => out.push(pair),
+                Err(why) => self.problem(&key, why),
+            }
+        }
+        out
     }
 
     /// `api` and `[services.<name>.models]`: a policy only means something on a service whose

@@ -518,3 +518,31 @@ fn unmetered_paths_and_unstated_cap_are_checked_naming_the_key() {
     .unwrap();
     assert_eq!(c.services[0].unmetered_paths, ["/v1/files"]);
 }
+
+#[test]
+fn translate_names_its_key_and_takes_only_pairs_the_api_can_make() {
+    let c = parse(&format!(
+        "{MINIMAL}api = \"anthropic\"\ntranslate = {{ messages = \"chat\" }}\n"
+    ))
+    .unwrap();
+    assert_eq!(c.services[0].translate, [crate::api::Pair::MessagesToChat]);
+    assert!(parse(MINIMAL).unwrap().services[0].translate.is_empty());
+    for (lines, says) in [
+        ("translate = { messages = \"chat\" }\n", "needs `api`"),
+        (
+            "api = \"anthropic\"\ntranslate = { messages = \"responses\" }\n",
+            "\"messages\" = \"responses\" is not a translation this service's api can make: `messages = \"chat\"` is",
+        ),
+        (
+            "api = \"openai\"\ntranslate = { messages = \"chat\" }\n",
+            "`responses = \"chat\"` or `chat = \"responses\"` is",
+        ),
+        (
+            "api = \"openai\"\ntranslate = { responses = \"chat\" }\n",
+            "`responses = \"chat\"` is not built yet",
+        ),
+    ] {
+        let p = problems(&format!("{MINIMAL}{lines}"));
+        assert!(p.contains("services.infer.translate: ") && p.contains(says), "{lines}: {p}");
+    }
+}

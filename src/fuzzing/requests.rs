@@ -258,6 +258,7 @@ pub fn access_log_json(data: &[u8]) {
             owner: Some(&id),
             replica: Some(&id),
             affinity: Some("hit"),
+            translated: Some("messages>chat"),
         }),
         key_event: None,
     };

@@ -61,6 +61,10 @@ fn access_line(
                 .as_ref()
                 .and_then(|c| c.affinity)
                 .map(|a| a.as_str()),
+            translated: ctx
+                .exchange()
+                .and_then(|x| x.translation())
+                .map(|p| p.name()),
         }),
         key_event: None,
     }

@@ -7,6 +7,7 @@ use pingora::{Error, ErrorType, Result};
 
 use super::route::Route;
 use super::{headers, RequestCtx};
+use crate::api;
 
 pub(super) fn path(
     route: Option<&Route>,
@@ -18,6 +19,9 @@ pub(super) fn path(
         return Error::e_explain(ErrorType::InternalError, "no route chosen");
     };
     let forward = &session.req_header().raw_path()[ctx.forward_from..];
+    let translated = ctx.exchange().and_then(|x| x.translation());
+    let converted = translated.map(|pair| api::translated_path(pair, forward));
+    let forward = converted.as_deref().unwrap_or(forward);
     let base_path = route.settings.replicas[0].base_path.as_bytes();
     if base_path.is_empty() {
         upstream.set_raw_path(forward)

@@ -26,6 +26,7 @@ mod properties;
 mod replicas;
 mod soak;
 mod tls;
+mod translate;
 
 use testkit::{free_port, Gateway, Service, Upstream};
 

@@ -10,14 +10,16 @@
 //! - the end (`settle`): what the call is charged.
 
 mod metered;
+mod translated;
 
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::Result;
 
 pub(crate) use metered::Charged;
 use metered::Metered;
+use translated::Translated;
 
-use super::{plan_capped, BodyError, CapRule, Edit, Endpoint, Models, USAGE_MAX_GROWTH};
+use super::{plan_capped, BodyError, CapRule, Edit, Endpoint, Models, Pair, USAGE_MAX_GROWTH};
 use crate::errors::GatewayError;
 
 pub(crate) struct Exchange {
@@ -37,11 +39,14 @@ pub(crate) struct Exchange {
     pub(crate) affinity_key: Option<u64>,
     /// The caller has a token budget: a body stating no completion cap gets the budgets' one.
     capped: bool,
+    /// A call translated to another API's endpoint (`translate`).
+    translated: Option<Box<Translated>>,
 }
 
 impl Exchange {
-    /// A call on `endpoint`; `capped`: by a caller with a token budget.
-    pub(crate) fn new(endpoint: Endpoint, capped: bool) -> Exchange {
+    /// A call on `endpoint`; `capped`: by a caller with a token budget; `translate`: sent
+    /// upstream as another API's endpoint.
+    pub(crate) fn new(endpoint: Endpoint, capped: bool, translate: Option<Pair>) -> Exchange {
         Exchange {
             endpoint,
             model: None,
@@ -51,6 +56,25 @@ impl Exchange {
             ask: None,
             affinity_key: None,
             capped,
+            translated: translate.map(|pair| Box::new(Translated::new(pair))),
+        }
+    }
+
+    /// The pair the call is translated by, if it is.
+    pub(crate) fn translation(&self) -> Option<Pair> {
+        self.translated.as_ref().map(|t| t.pair())
+    }
+
+    /// The checked (and edited) body in the upstream's dialect; `None` when it cannot be
+    /// translated (the reason kept for the 400).
+    pub(crate) fn translate_request(&mut self, body: &[u8]) -> Option<Vec<u8>> {
+        let translated = self.translated.as_mut()?;
+        match translated.request(body) {
+            Ok(converted) => Some(converted),
+            Err(e) => {
+                self.error = Some(e);
+                None
+            }
         }
     }
 
@@ -87,8 +111,13 @@ impl Exchange {
             Ok(plan) => {
                 // The access log is the name's only reader: only what it shows is copied.
                 self.model = plan.model.map(|m| kept_model(&m).to_owned());
-                let usage_at = self.endpoint.spec().usage;
-                (self.metered).request_read(body.len(), plan.usage.is_some(), usage_at);
+                // A translated call's answer is the upstream's endpoint's, and its usage is
+                // taken in as the answer is converted, never stripped.
+                let (usage_at, adds_usage) = match self.translation() {
+                    Some(pair) => (pair.target().spec().usage, false),
+                    None => (self.endpoint.spec().usage, plan.usage.is_some()),
+                };
+                (self.metered).request_read(body.len(), adds_usage, usage_at);
                 self.ask = Some((body.len() as u64, plan.completion_cap));
                 Some(Edit::merge(plan.edit, plan.usage))
             }
@@ -122,7 +151,12 @@ impl Exchange {
 
     /// The upstream's request head: the codings its answer may come in.
     pub(crate) fn upstream_head(&self, upstream: &mut RequestHeader) -> Result<()> {
-        self.metered.limit_codings(upstream)
+        self.metered.limit_codings(upstream)?;
+        if self.translated.is_some() {
+            // Converted from its first byte: the answer must come as it is.
+            upstream.insert_header(http::header::ACCEPT_ENCODING, "identity")?;
+        }
+        Ok(())
     }
 
     /// The response head, as the upstream sent it; `client`: the client's HTTP version.
@@ -132,13 +166,20 @@ impl Exchange {
         event_stream: bool,
         client: http::Version,
     ) -> Result<()> {
-        self.metered
-            .response_started(response, event_stream, client)
+        (self.metered).response_started(response, event_stream, client)?;
+        match &mut self.translated {
+            Some(translated) => translated.head(response, event_stream, client),
+            None => Ok(()),
+        }
     }
 
     /// Each chunk of the answer, as it passes.
     pub(crate) fn response_chunk(&mut self, body: &mut Option<bytes::Bytes>, end: bool) {
+        // Usage is read from the upstream's bytes, before they are converted.
         self.metered.response_chunk(body, end);
+        if let Some(translated) = &mut self.translated {
+            translated.chunk(body, end);
+        }
     }
 
     /// The call is over: settles its charge (`status` as sent, `cut` when it ended in an

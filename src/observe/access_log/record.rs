@@ -74,6 +74,9 @@ pub(crate) struct ProxiedFields<'a> {
     /// On a `prefix_affinity` service: `hit`, `spill` or `none` (as
     /// `portcullis_affinity_total`); null on other services.
     pub affinity: Option<&'static str>,
+    /// A call translated to another API (`messages>chat`); absent when not translated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub translated: Option<&'static str>,
 }
 
 /// A key created or revoked, or a budget changed, through the key API or the CLI.

@@ -34,7 +34,7 @@ use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use super::{budget, Gateway, RequestCtx, Stop};
-use crate::api::{self, CapRule, Endpoint, Exchange, Models};
+use crate::api::{self, CapRule, Endpoint, Exchange, Models, Pair};
 use crate::auth::Principal;
 use crate::config::BufferLimits;
 use crate::errors::GatewayError;
@@ -114,6 +114,8 @@ struct Call<'a> {
     caller: Option<&'a Arc<Principal>>,
     /// The service balances by affinity: a generating call gives its key.
     keyed: bool,
+    /// The service translates this endpoint to another API's.
+    translate: Option<Pair>,
 }
 
 /// Step 5 on the request head: on an endpoint the gateway reads, the body is read ahead and
@@ -132,6 +134,10 @@ pub(super) async fn read(
         cap: budget::cap_rule(gw, ctx),
         caller: ctx.principal.as_ref(),
         keyed: gw.route(ctx).is_some_and(|r| r.replicas.keyed()),
+        translate: (gw.route(ctx).into_iter())
+            .flat_map(|r| &r.settings.translate)
+            .find(|pair| pair.client() == endpoint)
+            .copied(),
     };
     match begin(session, call, &gw.buffering).await {
         Ok(body) => {
@@ -177,7 +183,7 @@ pub(super) fn frame_upstream(upstream: &mut RequestHeader, ctx: &RequestCtx) -> 
 /// Reads the body ahead when it is small enough to be replayed, else arranges to hold it.
 async fn begin(session: &mut Session, call: Call<'_>, bounds: &Buffering) -> Begun {
     let mut body = Box::new(Body {
-        exchange: Exchange::new(call.endpoint, call.cap.is_some()),
+        exchange: Exchange::new(call.endpoint, call.cap.is_some(), call.translate),
         state: State::Original,
         reserved: None,
     });
@@ -260,6 +266,16 @@ impl Body {
         };
         if let Some(edit) = edit {
             self.state = State::Replaced(Bytes::from(edit.applied_to(&body)));
+        }
+        if self.exchange.translation().is_some() {
+            let checked = match &self.state {
+                State::Replaced(edited) => edited.clone(),
+                _ => body.clone(),
+            };
+            let Some(converted) = self.exchange.translate_request(&checked) else {
+                return Ok(self.exchange.refusal().map(|(as_, _)| as_));
+            };
+            self.state = State::Replaced(Bytes::from(converted));
         }
         if keyed {
             // The client's bytes, before the policy's edit: what every turn sends alike.
@@ -371,7 +387,14 @@ impl Body {
         if let Some(edit) = edit {
             held.edit(&edit).or_else(refused)?;
         }
-        *body = Some(held.into_bytes());
+        let whole = held.into_bytes();
+        *body = Some(match self.exchange.translation() {
+            None => whole,
+            Some(_) => match self.exchange.translate_request(&whole) {
+                Some(converted) => Bytes::from(converted),
+                None => return Error::e_explain(ErrorType::HTTPStatus(400), "not translatable"),
+            },
+        });
         Ok(())
     }
 

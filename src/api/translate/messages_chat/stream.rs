@@ -102,11 +102,6 @@ impl StreamToMessages {
         }
     }
 
-    /// Whether the Messages stream has ended (its `message_stop` or `error` written).
-    pub(crate) fn ended(&self) -> bool {
-        self.ended
-    }
-
     fn line_done(&mut self, line: &[u8], out: &mut Vec<u8>) {
         if line.is_empty() {
             self.dispatch(out);

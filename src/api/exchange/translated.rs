@@ -1,0 +1,137 @@
+//! The answer of a translated call, converted to the client's dialect as it passes: a stream
+//! event by event, a JSON answer (or an upstream error) once whole, since its shape changes
+//! from its first byte.
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::Result;
+use serde_json::Value;
+
+use crate::api::translate::messages_chat::{answer, request, stream::StreamToMessages};
+use crate::api::translate::Pair;
+use crate::api::BodyError;
+
+/// The most bytes of a JSON answer held to be converted; past it the answer is cut.
+const MAX_WHOLE: usize = 16 << 20;
+
+pub(crate) struct Translated {
+    pair: Pair,
+    /// The model the client asked for, for answers that name none.
+    model: String,
+    answer: Answer,
+}
+
+enum Answer {
+    /// Before the response head.
+    Waiting,
+    /// An answer the gateway cannot convert (a coding it did not ask for): passed as sent.
+    AsSent,
+    Stream(Box<StreamToMessages>),
+    /// A JSON answer or an error, held until whole.
+    Whole {
+        status: u16,
+        bytes: Vec<u8>,
+    },
+}
+
+impl Translated {
+    pub(crate) fn new(pair: Pair) -> Translated {
+        Translated {
+            pair,
+            model: String::new(),
+            answer: Answer::Waiting,
+        }
+    }
+
+    pub(crate) fn pair(&self) -> Pair {
+        self.pair
+    }
+
+    /// The client's request (as the policy left it) in the upstream's dialect.
+    pub(crate) fn request(&mut self, body: &[u8]) -> Result<Vec<u8>, BodyError> {
+        let parsed: Value = serde_json::from_slice(body)
+            .map_err(|_| BodyError::new("body is not valid JSON".into()))?;
+        self.model = parsed["model"].as_str().unwrap_or_default().to_string();
+        let converted = match self.pair {
+            Pair::MessagesToChat => request::to_chat(&parsed),
+            // Refused at start-up until built (`Pair::configured`).
+            Pair::ResponsesToChat | Pair::ChatToResponses => Ok(parsed),
+        };
+        let converted = converted.map_err(|e| BodyError::new(e.0))?;
+        Ok(serde_json::to_vec(&converted).unwrap_or_default())
+    }
+
+    /// The response head: how the answer will be converted; its length is no longer known.
+    pub(crate) fn head(
+        &mut self,
+        response: &mut ResponseHeader,
+        event_stream: bool,
+        client: http::Version,
+    ) -> Result<()> {
+        let coding = response.headers.get(http::header::CONTENT_ENCODING);
+        if coding.is_some_and(|c| !c.as_bytes().eq_ignore_ascii_case(b"identity")) {
+            self.answer = Answer::AsSent;
+            return Ok(());
+        }
+        let status = response.status.as_u16();
+        self.answer = if event_stream && response.status.is_success() {
+            Answer::Stream(Box::new(StreamToMessages::new(&self.model)))
+        } else {
+            response.insert_header(http::header::CONTENT_TYPE, "application/json")?;
+            Answer::Whole {
+                status,
+                bytes: Vec::new(),
+            }
+        };
+        if response
+            .remove_header(&http::header::CONTENT_LENGTH)
+            .is_some()
+        {
+            if client == http::Version::HTTP_11 {
+                response.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+            } else {
+                response.remove_header(&http::header::TRANSFER_ENCODING);
+            }
+        }
+        Ok(())
+    }
+
+    /// Each chunk of the upstream's answer, replaced by what the client gets for it.
+    pub(crate) fn chunk(&mut self, body: &mut Option<Bytes>, end_of_stream: bool) {
+        match &mut self.answer {
+            Answer::Waiting | Answer::AsSent => {}
+            Answer::Stream(stream) => {
+                let mut out = Vec::new();
+                if let Some(chunk) = body.take() {
+                    stream.feed(&chunk, &mut out);
+                }
+                if end_of_stream {
+                    stream.finish(&mut out);
+                }
+                *body = Some(Bytes::from(out));
+            }
+            Answer::Whole { status, bytes } => {
+                if let Some(chunk) = body.take() {
+                    if bytes.len() + chunk.len() <= MAX_WHOLE {
+                        bytes.extend_from_slice(&chunk);
+                    }
+                }
+                // Nothing for the client until the answer is whole.
+                *body = Some(Bytes::new());
+                if end_of_stream {
+                    let converted = whole(*status, bytes, &self.model);
+                    *body = Some(Bytes::from(converted));
+                }
+            }
+        }
+    }
+}
+
+/// A whole answer in the client's dialect: a success converted, an error in its error shape.
+fn whole(status: u16, bytes: &[u8], model: &str) -> Vec<u8> {
+    let converted = match serde_json::from_slice::<Value>(bytes) {
+        Ok(chat) if (200..300).contains(&status) => answer::to_messages(&chat, Some(model)),
+        _ => answer::error_to_messages(status.max(400), bytes),
+    };
+    serde_json::to_vec(&converted).unwrap_or_default()
+}
