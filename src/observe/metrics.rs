@@ -33,6 +33,7 @@ pub struct Metrics {
     jwks_fetches: IntCounterVec,
     tokens: IntCounterVec,
     usage_unread: IntCounterVec,
+    translations: IntCounterVec,
     revocation_push: IntCounterVec,
     key_events: IntCounterVec,
     upstream_healthy: IntGaugeVec,
@@ -137,6 +138,14 @@ impl Metrics {
             &["service", "reason"],
         )
         .expect("valid metric");
+        let translations = IntCounterVec::new(
+            Opts::new(
+                "portcullis_translations_total",
+                "Calls translated to another API (translate), by service, pair (messages>chat) and result: ok, refused (the gateway's 4xx before forwarding), upstream_error (the upstream's error answer, or none), cut (the answer ended early).",
+            ),
+            &["service", "pair", "result"],
+        )
+        .expect("valid metric");
         let revocation_push = IntCounterVec::new(
             Opts::new(
                 "portcullis_revocation_push_total",
@@ -204,6 +213,7 @@ impl Metrics {
             Box::new(key_events.clone()),
             Box::new(tokens.clone()),
             Box::new(usage_unread.clone()),
+            Box::new(translations.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(key_store_lookups.clone()),
             Box::new(jwks_fetches.clone()),
@@ -231,6 +241,7 @@ impl Metrics {
             jwks_fetches,
             tokens,
             usage_unread,
+            translations,
             revocation_push,
             key_events,
             upstream_healthy,
@@ -350,6 +361,13 @@ impl Metrics {
     pub fn usage_unread(&self, service: &str, reason: &'static str) {
         self.usage_unread
             .with_label_values(&[service, reason])
+            .inc();
+    }
+
+    /// A translated call ended: `result` is `ok`, `refused`, `upstream_error` or `cut`.
+    pub fn translated(&self, service: &str, pair: &'static str, result: &'static str) {
+        self.translations
+            .with_label_values(&[service, pair, result])
             .inc();
     }
 

@@ -125,6 +125,13 @@ pub(super) fn settle_usage(gw: &Gateway, status: u16, e: Option<&Error>, ctx: &m
     if let Some(charged) = body.exchange.charged() {
         gw.metrics.tokens(handles, &charged.usage);
     }
+    let exchange = &body.exchange;
+    if let (Some(pair), Some(result)) = (
+        exchange.translation(),
+        exchange.translation_result(status, e.is_some()),
+    ) {
+        gw.metrics.translated(service, pair.name(), result);
+    }
 }
 
 /// The ledger's charge, for its next flush.

@@ -181,6 +181,13 @@ async fn refusals_and_upstream_errors_take_the_clients_shape() {
     assert_eq!(error["type"], "error");
     assert_eq!(error["error"]["type"], "overloaded_error");
     assert!(error["error"]["message"].is_string());
+    let metrics = gw.metrics();
+    for result in ["refused", "upstream_error"] {
+        let line = format!(
+            "portcullis_translations_total{{pair=\"messages>chat\",result=\"{result}\",service=\"claude\"}} 1"
+        );
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -60,6 +60,21 @@ impl Exchange {
         }
     }
 
+    /// How a translated call ended, as `portcullis_translations_total` counts it: `ok`,
+    /// `refused`, `upstream_error` or `cut`; `None` when the call is not translated.
+    pub(crate) fn translation_result(&self, status: u16, failed: bool) -> Option<&'static str> {
+        let translated = self.translated.as_ref()?;
+        Some(if self.error.is_some() {
+            "refused"
+        } else if translated.was_cut() || (failed && (200..300).contains(&status)) {
+            "cut"
+        } else if !(200..300).contains(&status) {
+            "upstream_error"
+        } else {
+            "ok"
+        })
+    }
+
     /// The pair the call is translated by, if it is.
     pub(crate) fn translation(&self) -> Option<Pair> {
         self.translated.as_ref().map(|t| t.pair())

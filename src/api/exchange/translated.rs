@@ -47,6 +47,11 @@ impl Translated {
         self.pair
     }
 
+    /// Whether the converted stream ended in its dialect's error form.
+    pub(crate) fn was_cut(&self) -> bool {
+        matches!(&self.answer, Answer::Stream(s) if s.was_cut())
+    }
+
     /// The client's request (as the policy left it) in the upstream's dialect.
     pub(crate) fn request(&mut self, body: &[u8]) -> Result<Vec<u8>, BodyError> {
         let parsed: Value = serde_json::from_slice(body)

@@ -44,6 +44,8 @@ pub(crate) struct StreamToMessages {
     stop_reason: Option<&'static str>,
     usage: Option<Value>,
     ended: bool,
+    /// Ended with an `error` event: the answer was cut.
+    cut: bool,
 }
 
 impl StreamToMessages {
@@ -59,6 +61,7 @@ impl StreamToMessages {
             stop_reason: None,
             usage: None,
             ended: false,
+            cut: false,
         }
     }
 
@@ -100,6 +103,11 @@ impl StreamToMessages {
                 "the upstream's stream ended before its answer was complete",
             );
         }
+    }
+
+    /// Whether the stream ended with an `error` event (the answer was cut).
+    pub(crate) fn was_cut(&self) -> bool {
+        self.cut
     }
 
     fn line_done(&mut self, line: &[u8], out: &mut Vec<u8>) {
@@ -266,6 +274,7 @@ impl StreamToMessages {
         let error = json!({"type": "error", "error": {"type": "api_error", "message": message}});
         event(out, "error", &error);
         self.ended = true;
+        self.cut = true;
     }
 }
 
