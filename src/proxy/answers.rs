@@ -25,6 +25,22 @@ pub(crate) async fn health(session: &mut Session, ctx: &mut RequestCtx) -> Resul
     Ok(true)
 }
 
+/// A token count the gateway makes itself: Messages' `{"input_tokens": N}`.
+pub(crate) async fn counted(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    tokens: u64,
+) -> Result<bool> {
+    let body = Bytes::from(format!("{{\"input_tokens\":{tokens}}}"));
+    let mut h = ResponseHeader::build(200, Some(4))?;
+    h.insert_header("content-type", "application/json")?;
+    h.insert_header("content-length", body.len())?;
+    h.insert_header("x-request-id", ctx.request_id.as_str())?;
+    ctx.local_status = Some(200);
+    write_local(session, h, body, false).await?;
+    Ok(true)
+}
+
 pub(crate) async fn reject(
     session: &mut Session,
     ctx: &mut RequestCtx,

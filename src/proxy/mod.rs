@@ -84,6 +84,8 @@ enum Stop {
     OverBudget(budget::BudgetStop),
     /// Pingora's error (reading the body failed).
     Failed(Box<Error>),
+    /// A token count the gateway answers itself (`count_tokens` on a translated service).
+    Counted(u64),
 }
 
 impl From<GatewayError> for Stop {
@@ -174,6 +176,7 @@ impl ProxyHttp for Gateway {
             Err(Stop::Refused(e)) => answers::reject(session, ctx, e).await,
             Err(Stop::OverBudget(stop)) => answers::over_budget(session, ctx, &stop).await,
             Err(Stop::Failed(e)) => Err(e),
+            Err(Stop::Counted(tokens)) => answers::counted(session, ctx, tokens).await,
         }
     }
 

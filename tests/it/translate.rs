@@ -219,3 +219,41 @@ async fn the_captured_claude_code_request_is_held_translated_and_answered_as_a_s
     assert_eq!(names.first().map(String::as_str), Some("message_start"));
     assert_eq!(names.last().map(String::as_str), Some("message_stop"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn count_tokens_is_answered_by_the_gateway_never_forwarded() {
+    let up = Upstream::start();
+    let gw = gateway(&up);
+    let (key, _) = gw.create_key("claude", &[]);
+    let url = gw.url("/v1/claude/oa/v1/messages/count_tokens?beta=true");
+    let body = json!({"model": "m-1", "messages": [{"role": "user", "content": "hello there"}]});
+    let before = up.requests().len();
+    let sent = send(&url, Some(&key), &body, "identity", "tr-count").await;
+    assert_eq!(sent.status, 200, "{}", String::from_utf8_lossy(&sent.body));
+    let answer: Value = serde_json::from_slice(&sent.body).unwrap();
+    // A token per 4 bytes of the body, as the budgets estimate a prompt.
+    let expected = (body.to_string().len() as u64).div_ceil(4);
+    assert_eq!(answer, json!({"input_tokens": expected}));
+    // A bad body is refused as on any Messages endpoint; neither reaches the upstream.
+    let bad = send(
+        &url,
+        Some(&key),
+        &json!({"model": "m-1"}),
+        "identity",
+        "tr-count-bad",
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+    assert!(String::from_utf8_lossy(&bad.body).contains("messages is required"));
+    // The Claude Code request's size takes no other path: the whole body is read and counted.
+    let text = include_str!("../fixtures/agents/claude_code_messages.json");
+    let big: Value = serde_json::from_str(text).unwrap();
+    let sent = send(&url, Some(&key), &big, "identity", "tr-count-big").await;
+    assert_eq!(sent.status, 200);
+    let answer: Value = serde_json::from_slice(&sent.body).unwrap();
+    assert_eq!(
+        answer["input_tokens"],
+        (big.to_string().len() as u64).div_ceil(4)
+    );
+    assert_eq!(up.requests().len(), before, "counted here, never forwarded");
+}

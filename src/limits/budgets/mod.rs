@@ -296,6 +296,11 @@ impl Budgets {
             .map(|both| both.iter().flatten().any(|(_, b)| limits(b)))
     }
 
+    /// How many bytes of a request body the prompt estimate counts as one token.
+    pub(crate) fn prompt_bytes_per_token(&self) -> u64 {
+        self.settings.prompt_bytes_per_token
+    }
+
     /// A request's worst case as (prompt estimate, completion cap): what it reserves, and
     /// what it is charged when its usage cannot be read.
     pub(crate) fn worst_case(&self, body_bytes: u64, completion_cap: Option<u64>) -> (u64, u64) {

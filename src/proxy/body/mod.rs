@@ -128,6 +128,20 @@ pub(super) async fn read(
     let (Some(endpoint), Some(models)) = (ctx.endpoint, gw.models(ctx)) else {
         return Ok(());
     };
+    let translates = |client| {
+        let route = gw.route(ctx).into_iter();
+        route
+            .flat_map(|r| &r.settings.translate)
+            .any(|p| p.client() == client)
+    };
+    if endpoint == Endpoint::CountTokens && translates(Endpoint::Messages) {
+        // The upstream speaks another API, which counts no Messages: counted here.
+        let per_token = gw
+            .budgets
+            .as_deref()
+            .map_or(4, |b| b.prompt_bytes_per_token());
+        return count_here(session, models, ctx, &gw.buffering, per_token).await;
+    }
     let call = Call {
         endpoint,
         models,
@@ -149,6 +163,59 @@ pub(super) async fn read(
             Err(Stop::Refused(e))
         }
         Err((_, Refused::Failed(e))) => Err(Stop::Failed(e)),
+    }
+}
+
+/// A token count answered by the gateway (`count_tokens` on a service that translates
+/// Messages): the body read whole (never forwarded), checked, and counted from its size as the
+/// budgets estimate a prompt.
+async fn count_here(
+    session: &mut Session,
+    models: &Models,
+    ctx: &mut RequestCtx,
+    bounds: &Buffering,
+    bytes_per_token: u64,
+) -> Result<(), Stop> {
+    let failed = |e: Box<Error>| match e.etype() {
+        ErrorType::ReadTimedout => Stop::Refused(GatewayError::RequestTimeout),
+        _ => Stop::Failed(e),
+    };
+    let mut claim = (bounds.pool.reserve(ctx.principal.as_ref(), 0))
+        .ok_or(Stop::Refused(GatewayError::Overloaded))?;
+    let deadline = Deadline {
+        at: Instant::now() + bounds.timeout,
+        per_read: session.get_read_timeout(),
+    };
+    if expects_continue(session.req_header()) {
+        session.write_continue_response().await.map_err(failed)?;
+    }
+    let mut whole = BytesMut::new();
+    loop {
+        deadline.limit_next_read(session).map_err(failed)?;
+        let Some(chunk) = session.read_request_body().await.map_err(failed)? else {
+            break;
+        };
+        if (whole.len() + chunk.len()) as u64 > bounds.max_body {
+            return Err(Stop::Refused(GatewayError::PayloadTooLarge));
+        }
+        if !claim.grow(chunk.len() as u64) {
+            return Err(Stop::Refused(GatewayError::Overloaded));
+        }
+        whole.extend_from_slice(&chunk);
+    }
+    let mut body = Box::new(Body {
+        exchange: Exchange::new(Endpoint::CountTokens, false, None),
+        state: State::Original,
+        reserved: None,
+    });
+    let checked = body.exchange.plan(&whole, models, None).is_some();
+    let refused = body.exchange.refusal().map(|(as_, _)| as_);
+    ctx.body = Some(body);
+    match (checked, refused) {
+        (true, _) => Err(Stop::Counted(
+            (whole.len() as u64).div_ceil(bytes_per_token.max(1)),
+        )),
+        (false, e) => Err(Stop::Refused(e.unwrap_or(GatewayError::InvalidBody))),
     }
 }
 
