@@ -43,6 +43,7 @@ from sdk_checks import (  # noqa: E402
 from provider import AUDIENCE, Idp, idp_checks, rotation_check  # noqa: E402
 from budgets import BUDGETS, budget_checks, wait_for_a_whole_day  # noqa: E402
 from agents import agent_checks, agents_service  # noqa: E402
+from bridge import bridge_checks, bridge_service  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SDK_DIR = os.path.join(ROOT, "tests", "sdk")
@@ -66,6 +67,7 @@ def config(tmp, port, metrics_port, upstream_port, gone_port, issuer, key_store=
     # Nothing listens here: every request to `gone` is a 502 the gateway writes itself.
     services.append({"name": "gone", "upstream": f"http://127.0.0.1:{gone_port}", "scope": "infer"})
     services.append(agents_service(upstream_port))
+    services.append(bridge_service(upstream_port))
     return {
         "comment": "written by tests/sdk/run.py", "dir": tmp, "port": port, "metrics_port": metrics_port,
         "server": {"threads": 2, "grace_period_seconds": 1, "graceful_shutdown_timeout_seconds": 1},
@@ -147,6 +149,13 @@ def run_agent_suite(res, gw):
         return
     for name, fn in checks:
         res.check(f"[py agents] {name}", fn)
+    try:
+        checks = bridge_checks(gw)
+    except Exception as e:  # no key: report it, run the rest
+        res.record("[py bridge] a key for the bridge checks", False, f"{type(e).__name__}: {e}")
+        return
+    for name, fn in checks:
+        res.check(f"[py bridge] {name}", fn)
 
 
 def run_node_suite(res, gw, label, token, tmp, budgets=False, file="node.test.mjs"):
