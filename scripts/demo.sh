@@ -113,6 +113,10 @@ cat <<MSG
     curl -s -H "Authorization: Bearer \$KEY" -H "anthropic-version: 2023-06-01" \\
          http://127.0.0.1:8080/v1/claude/v1/messages \\
          -d '{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hello"}]}'
+    # The bridge: the same Messages call, answered by the chat endpoint through translation.
+    # Claude Code on it: ANTHROPIC_BASE_URL=http://127.0.0.1:8080/v1/bridge ANTHROPIC_AUTH_TOKEN=\$KEY claude
+    curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/bridge/v1/messages \\
+         -d '{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hello"}]}'
     curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/embed/v1/embeddings \\
          -d '{"model":"emb-m3","input":["a","b"]}' | head -c 200; echo
     curl -s http://127.0.0.1:9100/metrics | grep ^portcullis_                           # portcullis_tokens_total too

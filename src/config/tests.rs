@@ -40,7 +40,10 @@ fn the_reference_config_parses() {
 #[test]
 fn the_demo_config_parses() {
     let text = std::fs::read_to_string("conf/demo.toml").unwrap();
-    assert_eq!(parse(&text).unwrap().services.len(), 5);
+    let services = parse(&text).unwrap().services;
+    assert_eq!(services.len(), 6);
+    let bridge = services.iter().find(|s| s.name == "bridge").unwrap();
+    assert_eq!(bridge.translate, [crate::api::Pair::MessagesToChat]);
 }
 
 #[test]
