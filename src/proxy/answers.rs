@@ -13,16 +13,7 @@ use crate::api;
 use crate::errors::{write_local, GatewayError};
 
 pub(crate) async fn health(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-    const BODY: &[u8] = br#"{"status":"ok"}"#;
-    let mut h = ResponseHeader::build(200, Some(4))?;
-    h.insert_header("content-type", "application/json")?;
-    h.insert_header("content-length", BODY.len())?;
-    h.insert_header("cache-control", "no-store")?;
-    h.insert_header("x-request-id", ctx.request_id.as_str())?;
-    ctx.local_status = Some(200);
-    let head_only = session.req_header().method == Method::HEAD;
-    write_local(session, h, Bytes::from_static(BODY), head_only).await?;
-    Ok(true)
+    ok_json(session, ctx, Bytes::from_static(br#"{"status":"ok"}"#)).await
 }
 
 /// A token count the gateway makes itself: Messages' `{"input_tokens": N}`.
@@ -32,12 +23,19 @@ pub(crate) async fn counted(
     tokens: u64,
 ) -> Result<bool> {
     let body = Bytes::from(format!("{{\"input_tokens\":{tokens}}}"));
+    ok_json(session, ctx, body).await
+}
+
+/// A 200 the gateway answers itself, never cached.
+async fn ok_json(session: &mut Session, ctx: &mut RequestCtx, body: Bytes) -> Result<bool> {
     let mut h = ResponseHeader::build(200, Some(4))?;
     h.insert_header("content-type", "application/json")?;
     h.insert_header("content-length", body.len())?;
+    h.insert_header("cache-control", "no-store")?;
     h.insert_header("x-request-id", ctx.request_id.as_str())?;
     ctx.local_status = Some(200);
-    write_local(session, h, body, false).await?;
+    let head_only = session.req_header().method == Method::HEAD;
+    write_local(session, h, body, head_only).await?;
     Ok(true)
 }
 

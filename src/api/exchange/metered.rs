@@ -106,16 +106,8 @@ impl Metered {
         self.event_stream = event_stream;
         self.strip = (self.adds_usage && event_stream && encoding == Some(Encoding::Identity))
             .then(UsageStripper::new);
-        if self.strip.is_some()
-            && response
-                .remove_header(&http::header::CONTENT_LENGTH)
-                .is_some()
-        {
-            if client == http::Version::HTTP_11 {
-                response.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
-            } else {
-                response.remove_header(&http::header::TRANSFER_ENCODING);
-            }
+        if self.strip.is_some() {
+            super::length_changes(response, client)?;
         }
         Ok(())
     }

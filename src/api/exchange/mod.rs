@@ -214,6 +214,23 @@ impl Exchange {
     }
 }
 
+/// The answer's bytes change on the way (usage taken out, a dialect converted): its
+/// `Content-Length` goes; it is chunked to an HTTP/1.1 client, delimited by the close to an
+/// HTTP/1.0 one, framed by HTTP/2 itself.
+fn length_changes(response: &mut ResponseHeader, client: http::Version) -> Result<()> {
+    if response
+        .remove_header(&http::header::CONTENT_LENGTH)
+        .is_some()
+    {
+        if client == http::Version::HTTP_11 {
+            response.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+        } else {
+            response.remove_header(&http::header::TRANSFER_ENCODING);
+        }
+    }
+    Ok(())
+}
+
 /// The most bytes of a model name the ledger and the access log keep.
 const MAX_MODEL: usize = 256;
 

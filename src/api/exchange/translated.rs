@@ -88,17 +88,7 @@ impl Translated {
                 bytes: Vec::new(),
             }
         };
-        if response
-            .remove_header(&http::header::CONTENT_LENGTH)
-            .is_some()
-        {
-            if client == http::Version::HTTP_11 {
-                response.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
-            } else {
-                response.remove_header(&http::header::TRANSFER_ENCODING);
-            }
-        }
-        Ok(())
+        super::length_changes(response, client)
     }
 
     /// Each chunk of the upstream's answer, replaced by what the client gets for it.

@@ -21,54 +21,85 @@ pub(crate) enum Pair {
     ChatToResponses,
 }
 
-/// Each pair: the service's API, the config key and value, and whether it is built yet.
-const PAIRS: [(Pair, Api, &str, &str, bool); 3] = [
-    (
-        Pair::MessagesToChat,
-        Api::Anthropic,
-        "messages",
-        "chat",
-        true,
-    ),
-    (
-        Pair::ResponsesToChat,
-        Api::OpenAi,
-        "responses",
-        "chat",
-        false,
-    ),
-    (
-        Pair::ChatToResponses,
-        Api::OpenAi,
-        "chat",
-        "responses",
-        false,
-    ),
+/// What the gateway knows of one pair: one row per `Pair`, in its order.
+struct Row {
+    /// The API of the services it may be configured on.
+    api: Api,
+    /// Its config key and value: `messages = "chat"`.
+    key: &'static str,
+    value: &'static str,
+    /// As the access log and the metrics name it: `messages>chat`.
+    name: &'static str,
+    client: Endpoint,
+    target: Endpoint,
+    /// Built in this release (the others are refused at start-up).
+    built: bool,
+}
+
+const PAIRS: [Row; 3] = [
+    Row {
+        api: Api::Anthropic,
+        key: "messages",
+        value: "chat",
+        name: "messages>chat",
+        client: Endpoint::Messages,
+        target: Endpoint::Chat,
+        built: true,
+    },
+    Row {
+        api: Api::OpenAi,
+        key: "responses",
+        value: "chat",
+        name: "responses>chat",
+        client: Endpoint::Responses,
+        target: Endpoint::Chat,
+        built: false,
+    },
+    Row {
+        api: Api::OpenAi,
+        key: "chat",
+        value: "responses",
+        name: "chat>responses",
+        client: Endpoint::Chat,
+        target: Endpoint::Responses,
+        built: false,
+    },
+];
+
+/// Every pair, in `PAIRS`' order.
+const ALL: [Pair; 3] = [
+    Pair::MessagesToChat,
+    Pair::ResponsesToChat,
+    Pair::ChatToResponses,
 ];
 
 impl Pair {
-    /// The pair `from = "to"` names on a service speaking `api`; why not, for the config's
+    fn row(self) -> &'static Row {
+        &PAIRS[self as usize]
+    }
+
+    /// The pair `key = "value"` names on a service speaking `api`; why not, for the config's
     /// problem list.
-    pub(crate) fn configured(api: Api, from: &str, to: &str) -> Result<Pair, String> {
-        let on_api = || PAIRS.iter().filter(move |p| p.1 == api);
+    pub(crate) fn configured(api: Api, key: &str, value: &str) -> Result<Pair, String> {
+        let on_api = || ALL.into_iter().filter(move |p| p.row().api == api);
         let listed = || {
             let pairs: Vec<String> = on_api()
-                .map(|p| format!("`{} = \"{}\"`", p.2, p.3))
+                .map(|p| format!("`{} = \"{}\"`", p.row().key, p.row().value))
                 .collect();
             pairs.join(" or ")
         };
         let shown = |s: &str| serde_json::Value::from(s.chars().take(64).collect::<String>());
-        let Some(&(pair, _, _, _, built)) = on_api().find(|p| p.2 == from && p.3 == to) else {
+        let Some(pair) = on_api().find(|p| p.row().key == key && p.row().value == value) else {
             return Err(format!(
                 "{} = {} is not a translation this service's api can make: {} is",
-                shown(from),
-                shown(to),
+                shown(key),
+                shown(value),
                 listed()
             ));
         };
-        if !built {
+        if !pair.row().built {
             return Err(format!(
-                "`{from} = \"{to}\"` is not built yet in this release (only `messages = \"chat\"` is)"
+                "`{key} = \"{value}\"` is not built yet in this release (only `messages = \"chat\"` is)"
             ));
         }
         Ok(pair)
@@ -76,28 +107,17 @@ impl Pair {
 
     /// As the access log and the metrics name it: `messages>chat`.
     pub(crate) fn name(self) -> &'static str {
-        match self {
-            Pair::MessagesToChat => "messages>chat",
-            Pair::ResponsesToChat => "responses>chat",
-            Pair::ChatToResponses => "chat>responses",
-        }
+        self.row().name
     }
 
     /// The endpoint the client calls.
     pub(crate) fn client(self) -> Endpoint {
-        match self {
-            Pair::MessagesToChat => Endpoint::Messages,
-            Pair::ResponsesToChat => Endpoint::Responses,
-            Pair::ChatToResponses => Endpoint::Chat,
-        }
+        self.row().client
     }
 
     /// The endpoint the upstream is sent.
     pub(crate) fn target(self) -> Endpoint {
-        match self {
-            Pair::MessagesToChat | Pair::ResponsesToChat => Endpoint::Chat,
-            Pair::ChatToResponses => Endpoint::Responses,
-        }
+        self.row().target
     }
 }
 
@@ -139,6 +159,17 @@ pub(crate) fn forward_path(pair: Pair, forward: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_has_one_row_per_pair_in_order() {
+        for (i, pair) in ALL.iter().enumerate() {
+            assert_eq!(*pair as usize, i);
+            assert_eq!(
+                pair.name(),
+                format!("{}>{}", pair.row().key, pair.row().value)
+            );
+        }
+    }
 
     #[test]
     fn the_endpoints_suffix_becomes_the_targets_and_the_rest_is_kept() {

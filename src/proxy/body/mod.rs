@@ -125,16 +125,18 @@ pub(super) async fn read(
     session: &mut Session,
     ctx: &mut RequestCtx,
 ) -> Result<(), Stop> {
-    let (Some(endpoint), Some(models)) = (ctx.endpoint, gw.models(ctx)) else {
+    let Some((endpoint, route)) = ctx.endpoint.zip(gw.route(ctx)) else {
         return Ok(());
     };
-    let translates = |client| {
-        let route = gw.route(ctx).into_iter();
-        route
-            .flat_map(|r| &r.settings.translate)
-            .any(|p| p.client() == client)
+    let Some(models) = route.models() else {
+        return Ok(());
     };
-    if endpoint == Endpoint::CountTokens && translates(Endpoint::Messages) {
+    // The pair the service translates the client's `endpoint` by, if any.
+    let translated = |client| {
+        let pairs = route.settings.translate.iter();
+        pairs.copied().find(|pair| pair.client() == client)
+    };
+    if endpoint == Endpoint::CountTokens && translated(Endpoint::Messages).is_some() {
         // The upstream speaks another API, which counts no Messages: counted here.
         let per_token = gw
             .budgets
@@ -147,11 +149,8 @@ pub(super) async fn read(
         models,
         cap: budget::cap_rule(gw, ctx),
         caller: ctx.principal.as_ref(),
-        keyed: gw.route(ctx).is_some_and(|r| r.replicas.keyed()),
-        translate: (gw.route(ctx).into_iter())
-            .flat_map(|r| &r.settings.translate)
-            .find(|pair| pair.client() == endpoint)
-            .copied(),
+        keyed: route.replicas.keyed(),
+        translate: translated(endpoint),
     };
     match begin(session, call, &gw.buffering).await {
         Ok(body) => {
