@@ -2,7 +2,7 @@
 //! panics and gives JSON; the chat→Messages stream converter never panics, writes only
 //! well-formed events, and gives the same events however the upstream's bytes are split.
 
-use crate::api::{messages_to_chat, StreamToMessages};
+use crate::api::{messages_to_chat, StreamToMessages, TranslatedStream};
 
 /// Any JSON body (the converter sees what the Messages reader accepted, and more).
 pub fn messages_to_chat_request(data: &[u8]) {
@@ -21,7 +21,7 @@ pub fn chat_stream_to_messages(data: &[u8]) {
         return;
     };
     let convert = |parts: &[&[u8]]| {
-        let mut conv = StreamToMessages::new("m");
+        let mut conv = TranslatedStream::new(Box::new(StreamToMessages::new("m")));
         let mut out = Vec::new();
         for part in parts {
             conv.feed(part, &mut out);

@@ -118,6 +118,15 @@ pub(crate) async fn failed(session: &mut Session, e: &Error, ctx: &mut RequestCt
             can_reuse_downstream: false,
         };
     }
+    if session.response_written().is_some() {
+        // A translated stream the upstream cut: the client's stream ends in its dialect's
+        // error form rather than in a bare reset.
+        if let Some(tail) = ctx.exchange_mut().and_then(|x| x.upstream_failed()) {
+            if let Err(write_err) = session.write_response_body(Some(tail), true).await {
+                log::debug!("could not end the translated stream: {write_err}");
+            }
+        }
+    }
     let error = (ctx.body.as_ref().and_then(|b| b.failure(e)))
         .or_else(|| GatewayError::from_proxy_error(e));
     let Some(error) = error else {

@@ -197,6 +197,12 @@ impl Exchange {
         }
     }
 
+    /// The upstream failed once the answer had started: what ends a translated stream in
+    /// the client dialect's error form.
+    pub(crate) fn upstream_failed(&mut self) -> Option<bytes::Bytes> {
+        self.translated.as_mut()?.upstream_failed()
+    }
+
     /// The call is over: settles its charge (`status` as sent, `cut` when it ended in an
     /// error). `Some(reason)` when its usage went unread.
     pub(crate) fn settle(&mut self, status: u16, cut: bool) -> Option<&'static str> {

@@ -7,8 +7,7 @@ use pingora::http::ResponseHeader;
 use pingora::Result;
 use serde_json::Value;
 
-use crate::api::translate::messages_chat::{answer, request, stream::StreamToMessages};
-use crate::api::translate::Pair;
+use crate::api::translate::{Asked, Pair, Stream};
 use crate::api::BodyError;
 
 /// The most bytes of a JSON answer held to be converted; past it the answer is cut.
@@ -16,8 +15,8 @@ const MAX_WHOLE: usize = 16 << 20;
 
 pub(crate) struct Translated {
     pair: Pair,
-    /// The model the client asked for, for answers that name none.
-    model: String,
+    /// What the client's request said that its answer depends on.
+    asked: Asked,
     answer: Answer,
 }
 
@@ -26,7 +25,7 @@ enum Answer {
     Waiting,
     /// An answer the gateway cannot convert (a coding it did not ask for): passed as sent.
     AsSent,
-    Stream(Box<StreamToMessages>),
+    Stream(Stream),
     /// A JSON answer or an error, held until whole.
     Whole {
         status: u16,
@@ -38,7 +37,7 @@ impl Translated {
     pub(crate) fn new(pair: Pair) -> Translated {
         Translated {
             pair,
-            model: String::new(),
+            asked: Asked::default(),
             answer: Answer::Waiting,
         }
     }
@@ -56,12 +55,8 @@ impl Translated {
     pub(crate) fn request(&mut self, body: &[u8]) -> Result<Vec<u8>, BodyError> {
         let parsed: Value = serde_json::from_slice(body)
             .map_err(|_| BodyError::new("body is not valid JSON".into()))?;
-        self.model = parsed["model"].as_str().unwrap_or_default().to_string();
-        let converted = match self.pair {
-            Pair::MessagesToChat => request::to_chat(&parsed),
-            // Refused at start-up until built (`Pair::configured`).
-            Pair::ResponsesToChat | Pair::ChatToResponses => Ok(parsed),
-        };
+        self.asked = Asked::of(&parsed);
+        let converted = (self.pair.converters().request)(&parsed);
         let converted = converted.map_err(|e| BodyError::new(e.0))?;
         Ok(serde_json::to_vec(&converted).unwrap_or_default())
     }
@@ -80,7 +75,7 @@ impl Translated {
         }
         let status = response.status.as_u16();
         self.answer = if event_stream && response.status.is_success() {
-            Answer::Stream(Box::new(StreamToMessages::new(&self.model)))
+            Answer::Stream(Stream::new((self.pair.converters().stream)(&self.asked)))
         } else {
             response.insert_header(http::header::CONTENT_TYPE, "application/json")?;
             Answer::Whole {
@@ -89,6 +84,17 @@ impl Translated {
             }
         };
         super::length_changes(response, client)
+    }
+
+    /// The upstream failed mid-answer: the end of a converted stream (its error form, unless
+    /// the answer was already complete).
+    pub(crate) fn upstream_failed(&mut self) -> Option<Bytes> {
+        let Answer::Stream(stream) = &mut self.answer else {
+            return None;
+        };
+        let mut out = Vec::new();
+        stream.finish(&mut out);
+        Some(Bytes::from(out)).filter(|b| !b.is_empty())
     }
 
     /// Each chunk of the upstream's answer, replaced by what the client gets for it.
@@ -114,7 +120,7 @@ impl Translated {
                 // Nothing for the client until the answer is whole.
                 *body = Some(Bytes::new());
                 if end_of_stream {
-                    let converted = whole(*status, bytes, &self.model);
+                    let converted = whole(self.pair, *status, bytes, &self.asked);
                     *body = Some(Bytes::from(converted));
                 }
             }
@@ -123,10 +129,11 @@ impl Translated {
 }
 
 /// A whole answer in the client's dialect: a success converted, an error in its error shape.
-fn whole(status: u16, bytes: &[u8], model: &str) -> Vec<u8> {
+fn whole(pair: Pair, status: u16, bytes: &[u8], asked: &Asked) -> Vec<u8> {
+    let convert = pair.converters();
     let converted = match serde_json::from_slice::<Value>(bytes) {
-        Ok(chat) if (200..300).contains(&status) => answer::to_messages(&chat, Some(model)),
-        _ => answer::error_to_messages(status.max(400), bytes),
+        Ok(answer) if (200..300).contains(&status) => (convert.answer)(&answer, asked),
+        _ => (convert.error)(status.max(400), bytes),
     };
     serde_json::to_vec(&converted).unwrap_or_default()
 }

@@ -2,10 +2,13 @@
 //! each with its request, answer and stream converters.
 //!
 //! A call is translated when its service's `translate` names its endpoint (`Pair`): the
-//! call's `api::Exchange` converts its body, its answer and its stream; the proxy only sends
-//! it to the target endpoint's path (`forward_path`).
+//! call's `api::Exchange` converts its body, its answer and its stream with the pair's row of
+//! `Converters`; the proxy only sends it to the target endpoint's path (`forward_path`).
 
 pub(crate) mod messages_chat;
+pub(crate) mod sse;
+
+use serde_json::Value;
 
 use super::{Api, Endpoint};
 
@@ -32,8 +35,90 @@ struct Row {
     name: &'static str,
     client: Endpoint,
     target: Endpoint,
-    /// Built in this release (the others are refused at start-up).
-    built: bool,
+    /// Its converters; `None`: not built in this release (refused at start-up).
+    convert: Option<Converters>,
+}
+
+/// One direction's converters, from the client's dialect to the upstream's and back.
+pub(crate) struct Converters {
+    /// The client's request (as the reader checked and the policy edited it).
+    pub(crate) request: fn(&Value) -> Result<Value, Untranslatable>,
+    /// The upstream's JSON answer, a success.
+    pub(crate) answer: fn(&Value, &Asked) -> Value,
+    /// The upstream's error answer (any bytes) in the client dialect's error shape.
+    pub(crate) error: fn(u16, &[u8]) -> Value,
+    /// A converter for the upstream's event stream.
+    pub(crate) stream: fn(&Asked) -> Box<dyn StreamConvert>,
+}
+
+/// What the client's request said that its answer depends on.
+#[derive(Debug, Default)]
+pub(crate) struct Asked {
+    /// The model it named, for answers that name none.
+    pub(crate) model: String,
+    /// A chat client asked for its stream's usage (`stream_options.include_usage`); the
+    /// other dialects always get it.
+    pub(crate) usage: bool,
+}
+
+impl Asked {
+    pub(crate) fn of(request: &Value) -> Asked {
+        Asked {
+            model: request["model"].as_str().unwrap_or_default().to_string(),
+            usage: request.pointer("/stream_options/include_usage") == Some(&Value::Bool(true)),
+        }
+    }
+}
+
+/// One direction's stream converter, fed the upstream's events one by one.
+pub(crate) trait StreamConvert: Send + Sync {
+    /// One complete upstream event's data; the client's events for it go to `out`.
+    fn event(&mut self, data: &[u8], out: &mut Vec<u8>);
+    /// The upstream's stream is over (its body ended, or its connection failed): the client's
+    /// stream ends, in its dialect's error form when the answer was not complete.
+    fn end(&mut self, out: &mut Vec<u8>);
+    /// Whether it ended in the error form.
+    fn was_cut(&self) -> bool;
+}
+
+/// A translated stream: the upstream's bytes in, as they arrive, the client's events out.
+pub(crate) struct Stream {
+    events: sse::Events,
+    convert: Box<dyn StreamConvert>,
+    ended: bool,
+}
+
+impl Stream {
+    pub(crate) fn new(convert: Box<dyn StreamConvert>) -> Stream {
+        Stream {
+            events: sse::Events::default(),
+            convert,
+            ended: false,
+        }
+    }
+
+    /// Converts the events `bytes` completes, appending the client's to `out`.
+    pub(crate) fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<u8>) {
+        while let Some(data) = self.events.next(&mut bytes) {
+            self.convert.event(&data, out);
+        }
+    }
+
+    /// The upstream's stream is over: its last event, then the client's stream's end.
+    pub(crate) fn finish(&mut self, out: &mut Vec<u8>) {
+        if self.ended {
+            return;
+        }
+        if let Some(data) = self.events.last() {
+            self.convert.event(&data, out);
+        }
+        self.convert.end(out);
+        self.ended = true;
+    }
+
+    pub(crate) fn was_cut(&self) -> bool {
+        self.convert.was_cut()
+    }
 }
 
 const PAIRS: [Row; 3] = [
@@ -44,7 +129,7 @@ const PAIRS: [Row; 3] = [
         name: "messages>chat",
         client: Endpoint::Messages,
         target: Endpoint::Chat,
-        built: true,
+        convert: Some(messages_chat::CONVERTERS),
     },
     Row {
         api: Api::OpenAi,
@@ -53,7 +138,7 @@ const PAIRS: [Row; 3] = [
         name: "responses>chat",
         client: Endpoint::Responses,
         target: Endpoint::Chat,
-        built: false,
+        convert: None,
     },
     Row {
         api: Api::OpenAi,
@@ -62,7 +147,7 @@ const PAIRS: [Row; 3] = [
         name: "chat>responses",
         client: Endpoint::Chat,
         target: Endpoint::Responses,
-        built: false,
+        convert: None,
     },
 ];
 
@@ -97,7 +182,7 @@ impl Pair {
                 listed()
             ));
         };
-        if !pair.row().built {
+        if pair.row().convert.is_none() {
             return Err(format!(
                 "`{key} = \"{value}\"` is not built yet in this release (only `messages = \"chat\"` is)"
             ));
@@ -118,6 +203,12 @@ impl Pair {
     /// The endpoint the upstream is sent.
     pub(crate) fn target(self) -> Endpoint {
         self.row().target
+    }
+
+    /// Its converters (a pair is configured only when built).
+    pub(crate) fn converters(self) -> &'static Converters {
+        const NONE: &Converters = &messages_chat::CONVERTERS;
+        self.row().convert.as_ref().unwrap_or(NONE)
     }
 }
 

@@ -6,6 +6,20 @@ pub(crate) mod answer;
 pub(crate) mod request;
 pub(crate) mod stream;
 
+use super::{Asked, Converters, StreamConvert};
+
+/// The direction's row of converters.
+pub(crate) const CONVERTERS: Converters = Converters {
+    request: request::to_chat,
+    answer: |chat, asked| answer::to_messages(chat, Some(&asked.model)),
+    error: answer::error_to_messages,
+    stream: new_stream,
+};
+
+fn new_stream(asked: &Asked) -> Box<dyn StreamConvert> {
+    Box::new(stream::StreamToMessages::new(&asked.model))
+}
+
 /// A chat `finish_reason` as a Messages `stop_reason`.
 fn stop_reason(finish: &str) -> &'static str {
     match finish {

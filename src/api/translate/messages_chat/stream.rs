@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use super::answer::message_id;
 use super::{stop_reason, usage};
+use crate::api::translate::{sse, StreamConvert};
 
 /// The block being streamed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,10 +30,6 @@ enum Block {
 }
 
 pub(crate) struct StreamToMessages {
-    /// The start of a line not yet complete.
-    line: Vec<u8>,
-    /// The data lines of the event being read, joined with LF.
-    data: Vec<u8>,
     /// The model the client asked for, for a stream whose chunks name none.
     model: String,
     started: bool,
@@ -48,96 +45,21 @@ pub(crate) struct StreamToMessages {
     cut: bool,
 }
 
-impl StreamToMessages {
-    pub(crate) fn new(model: &str) -> StreamToMessages {
-        StreamToMessages {
-            line: Vec::new(),
-            data: Vec::new(),
-            model: model.to_string(),
-            started: false,
-            block: Block::None,
-            next_index: 0,
-            last_tool: None,
-            stop_reason: None,
-            usage: None,
-            ended: false,
-            cut: false,
-        }
-    }
-
-    /// Converts the complete events in `bytes` (with what came before), appending the Messages
-    /// events to `out`.
-    pub(crate) fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<u8>) {
-        while let Some(end) = memchr::memchr(b'\n', bytes) {
-            let (head, rest) = bytes.split_at(end);
-            bytes = &rest[1..];
-            let line = if self.line.is_empty() {
-                head
-            } else {
-                self.line.extend_from_slice(head);
-                &self.line[..]
-            };
-            let line = line.strip_suffix(b"\r").unwrap_or(line).to_vec();
-            self.line.clear();
-            self.line_done(&line, out);
-        }
-        self.line.extend_from_slice(bytes);
-    }
-
-    /// The upstream's body ended: the last event, then the end of the Messages stream, or its
-    /// `error` event when the chat stream was cut.
-    pub(crate) fn finish(&mut self, out: &mut Vec<u8>) {
-        if !self.line.is_empty() {
-            let line = std::mem::take(&mut self.line);
-            self.line_done(line.strip_suffix(b"\r").unwrap_or(&line), out);
-        }
-        self.dispatch(out);
+impl StreamConvert for StreamToMessages {
+    /// One complete chat event.
+    fn event(&mut self, data: &[u8], out: &mut Vec<u8>) {
         if self.ended {
             return;
         }
-        if self.stop_reason.is_some() {
-            self.end(out);
-        } else {
-            self.cut(
-                out,
-                "the upstream's stream ended before its answer was complete",
-            );
-        }
-    }
-
-    /// Whether the stream ended with an `error` event (the answer was cut).
-    pub(crate) fn was_cut(&self) -> bool {
-        self.cut
-    }
-
-    fn line_done(&mut self, line: &[u8], out: &mut Vec<u8>) {
-        if line.is_empty() {
-            self.dispatch(out);
-        } else if let Some(data) = line.strip_prefix(b"data:") {
-            let data = data.strip_prefix(b" ").unwrap_or(data);
-            if !self.data.is_empty() {
-                self.data.push(b'\n');
-            }
-            self.data.extend_from_slice(data);
-        }
-    }
-
-    /// One complete chat event.
-    fn dispatch(&mut self, out: &mut Vec<u8>) {
-        if self.data.is_empty() || self.ended {
-            self.data.clear();
-            return;
-        }
-        let data = std::mem::take(&mut self.data);
         if data.trim_ascii() == b"[DONE]" {
             if self.stop_reason.is_some() {
-                self.end(out);
+                self.end_message(out);
             } else {
                 self.cut(out, "the upstream's stream ended without a finish reason");
             }
             return;
         }
-        let Ok(chunk) = serde_json::from_slice::<Value>(&data) else {
+        let Ok(chunk) = serde_json::from_slice::<Value>(data) else {
             return;
         };
         if let Some(error) = chunk.get("error") {
@@ -169,6 +91,41 @@ impl StreamToMessages {
         }
         if let Some(finish) = choice["finish_reason"].as_str() {
             self.stop_reason = Some(stop_reason(finish));
+        }
+    }
+
+    /// The end of the Messages stream, or its `error` event when the chat stream was cut.
+    fn end(&mut self, out: &mut Vec<u8>) {
+        if self.ended {
+            return;
+        }
+        if self.stop_reason.is_some() {
+            self.end_message(out);
+        } else {
+            self.cut(
+                out,
+                "the upstream's stream ended before its answer was complete",
+            );
+        }
+    }
+
+    fn was_cut(&self) -> bool {
+        self.cut
+    }
+}
+
+impl StreamToMessages {
+    pub(crate) fn new(model: &str) -> StreamToMessages {
+        StreamToMessages {
+            model: model.to_string(),
+            started: false,
+            block: Block::None,
+            next_index: 0,
+            last_tool: None,
+            stop_reason: None,
+            usage: None,
+            ended: false,
+            cut: false,
         }
     }
 
@@ -258,7 +215,7 @@ impl StreamToMessages {
         self.next_index += 1;
     }
 
-    fn end(&mut self, out: &mut Vec<u8>) {
+    fn end_message(&mut self, out: &mut Vec<u8>) {
         self.close(out);
         let delta = json!({
             "type": "message_delta",
@@ -279,16 +236,13 @@ impl StreamToMessages {
 }
 
 fn event(out: &mut Vec<u8>, name: &str, data: &Value) {
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b"\ndata: ");
-    out.extend_from_slice(data.to_string().as_bytes());
-    out.extend_from_slice(b"\n\n");
+    sse::write(out, Some(name), data);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::translate::Stream;
 
     /// A chat stream with thinking, text, two tool calls and usage, as vLLM sends it.
     fn chat_stream() -> String {
@@ -326,7 +280,7 @@ mod tests {
     }
 
     fn convert(chunks: &[&[u8]]) -> Vec<u8> {
-        let mut conv = StreamToMessages::new("claude-x");
+        let mut conv = Stream::new(Box::new(StreamToMessages::new("claude-x")));
         let mut out = Vec::new();
         for chunk in chunks {
             conv.feed(chunk, &mut out);
@@ -408,7 +362,7 @@ mod tests {
 
     #[test]
     fn each_event_is_converted_as_soon_as_it_is_complete() {
-        let mut conv = StreamToMessages::new("m");
+        let mut conv = Stream::new(Box::new(StreamToMessages::new("m")));
         let mut out = Vec::new();
         conv.feed(
             b"data: {\"id\":\"x\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n",
