@@ -128,13 +128,15 @@ impl Exchange {
                 self.model = plan.model.map(|m| kept_model(&m).to_owned());
                 // A translated call's answer is the upstream's endpoint's, and its usage is
                 // taken in as the answer is converted, never stripped.
-                let (usage_at, adds_usage) = match self.translation() {
-                    Some(pair) => (pair.target().spec().usage, false),
-                    None => (self.endpoint.spec().usage, plan.usage.is_some()),
+                // The converter asks the upstream for usage in its own dialect, and gives the
+                // client only what it asked for: the client's body keeps its `stream_options`.
+                let (usage_at, usage_edit) = match self.translation() {
+                    Some(pair) => (pair.target().spec().usage, None),
+                    None => (self.endpoint.spec().usage, plan.usage),
                 };
-                (self.metered).request_read(body.len(), adds_usage, usage_at);
+                (self.metered).request_read(body.len(), usage_edit.is_some(), usage_at);
                 self.ask = Some((body.len() as u64, plan.completion_cap));
-                Some(Edit::merge(plan.edit, plan.usage))
+                Some(Edit::merge(plan.edit, usage_edit))
             }
             Err(e) => {
                 self.error = Some(e);
