@@ -40,13 +40,9 @@ pub use policy::{plan, Models};
 pub(crate) use policy::{plan_capped, CapRule, Edit, USAGE_MAX_GROWTH};
 pub(crate) use rate_headers::{rate_headers, Line as RateLine};
 pub(crate) use request::BodyError;
-#[cfg(any(test, feature = "fuzzing"))]
-pub(crate) use translate::messages_chat::{
-    request::to_chat as messages_to_chat, stream::StreamToMessages,
-};
-#[cfg(any(test, feature = "fuzzing"))]
-pub(crate) use translate::Stream as TranslatedStream;
 pub(crate) use translate::{forward_path as translated_path, Pair};
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use translate::{Asked, Stream as TranslatedStream};
 pub(crate) use unmetered::{allowed as unmetered_allowed, refusal_message as unmetered_refusal};
 pub(crate) use usage::strip::UsageStripper;
 pub(crate) use usage::Usage;

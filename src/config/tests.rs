@@ -541,8 +541,8 @@ fn translate_names_its_key_and_takes_only_pairs_the_api_can_make() {
             "`responses = \"chat\"` or `chat = \"responses\"` is",
         ),
         (
-            "api = \"openai\"\ntranslate = { responses = \"chat\" }\n",
-            "`responses = \"chat\"` is not built yet",
+            "api = \"openai\"\ntranslate = { chat = \"responses\" }\n",
+            "`chat = \"responses\"` is not built yet",
         ),
     ] {
         let p = problems(&format!("{MINIMAL}{lines}"));

@@ -1,27 +1,46 @@
-//! The bridge's converters on arbitrary bytes: the Messages→chat request converter never
-//! panics and gives JSON; the chat→Messages stream converter never panics, writes only
-//! well-formed events, and gives the same events however the upstream's bytes are split.
+//! The bridge's converters on arbitrary bytes, one check per converter kind run for every
+//! pair: a request converter never panics and gives JSON; a stream converter never panics,
+//! writes only well-formed events, ends its stream the dialect's way, and gives the same
+//! events however the upstream's bytes are split.
 
-use crate::api::{messages_to_chat, StreamToMessages, TranslatedStream};
+use crate::api::{Asked, Pair, TranslatedStream};
 
-/// Any JSON body (the converter sees what the Messages reader accepted, and more).
-pub fn messages_to_chat_request(data: &[u8]) {
+/// Any JSON body (the converter sees what the client's reader accepted, and more).
+fn request(pair: Pair, data: &[u8]) {
     let Ok(body) = serde_json::from_slice::<serde_json::Value>(data) else {
         return;
     };
-    if let Ok(chat) = messages_to_chat(&body) {
-        let text = serde_json::to_string(&chat).expect("the chat request serializes");
+    let mut asked = Asked::of(&body);
+    if let Ok(out) = (pair.converters().request)(&body, &mut asked) {
+        let text = serde_json::to_string(&out).expect("the request serializes");
         serde_json::from_str::<serde_json::Value>(&text).expect("and reads back as JSON");
     }
 }
 
+/// How a client's stream may end, by pair: its last event's `event:` name or its data.
+fn ends_well(pair: Pair, last: (Option<&str>, &str)) -> bool {
+    match pair {
+        Pair::MessagesToChat => matches!(last.0, Some("message_stop" | "error")),
+        Pair::ResponsesToChat => matches!(
+            last.0,
+            Some("response.completed" | "response.incomplete" | "response.failed")
+        ),
+        Pair::ChatToResponses => last.1 == "[DONE]" || last.1.starts_with("{\"error\""),
+    }
+}
+
 /// Any upstream bytes: the first byte picks where they are split.
-pub fn chat_stream_to_messages(data: &[u8]) {
-    let Some((&cut, stream)) = data.split_first() else {
+fn stream(pair: Pair, data: &[u8]) {
+    let Some((&cut, bytes)) = data.split_first() else {
         return;
     };
+    let asked = Asked {
+        model: "m".into(),
+        usage: true,
+        freeform: vec!["exec".into()],
+    };
     let convert = |parts: &[&[u8]]| {
-        let mut conv = TranslatedStream::new(Box::new(StreamToMessages::new("m")));
+        let mut conv = TranslatedStream::new((pair.converters().stream)(&asked));
         let mut out = Vec::new();
         for part in parts {
             conv.feed(part, &mut out);
@@ -29,28 +48,48 @@ pub fn chat_stream_to_messages(data: &[u8]) {
         conv.finish(&mut out);
         out
     };
-    let whole = convert(&[stream]);
-    let at = (cut as usize * stream.len()) / 255;
+    let whole = convert(&[bytes]);
+    let at = (cut as usize * bytes.len()) / 255;
     assert_eq!(
-        convert(&[&stream[..at], &stream[at..]]),
+        convert(&[&bytes[..at], &bytes[at..]]),
         whole,
         "split at {at}"
     );
     let text = std::str::from_utf8(&whole).expect("events are UTF-8");
+    let mut last = None;
     for event in text.split_terminator("\n\n") {
-        let (name, data) = event
-            .split_once('\n')
-            .expect("an event line and a data line");
-        assert!(
-            name.starts_with("event: ") && !name[7..].contains(['\n', '\r']),
-            "{name:?}"
-        );
+        let (name, data) = match event.split_once('\n') {
+            Some((name, data)) => {
+                let name = name.strip_prefix("event: ").expect("an event line");
+                assert!(!name.contains(['\n', '\r']), "{name:?}");
+                (Some(name), data)
+            }
+            None => (None, event),
+        };
         let data = data.strip_prefix("data: ").expect("a data line");
-        serde_json::from_str::<serde_json::Value>(data).expect("data is one JSON document");
+        assert!(!data.contains('\n'), "one data line");
+        if data != "[DONE]" {
+            serde_json::from_str::<serde_json::Value>(data).expect("data is one JSON document");
+        }
+        last = Some((name, data));
     }
-    assert!(
-        text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
-            || text.contains("event: error\n"),
-        "every stream ends, with message_stop or an error event"
-    );
+    // A stream with no event at all may end silently only in chat, whose end is [DONE].
+    let last = last.expect("every client stream ends with an event");
+    assert!(ends_well(pair, last), "{pair:?} ends with {last:?}");
+}
+
+pub fn messages_to_chat_request(data: &[u8]) {
+    request(Pair::MessagesToChat, data);
+}
+
+pub fn chat_stream_to_messages(data: &[u8]) {
+    stream(Pair::MessagesToChat, data);
+}
+
+pub fn responses_to_chat_request(data: &[u8]) {
+    request(Pair::ResponsesToChat, data);
+}
+
+pub fn chat_stream_to_responses(data: &[u8]) {
+    stream(Pair::ResponsesToChat, data);
 }

@@ -257,3 +257,24 @@ async fn count_tokens_is_answered_by_the_gateway_never_forwarded() {
     );
     assert_eq!(up.requests().len(), before, "counted here, never forwarded");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_the_upstream_cuts_ends_with_an_error_event() {
+    let up = Upstream::start();
+    let gw = gateway(&up);
+    let (key, _) = gw.create_key("claude", &[]);
+    // Two events, then the upstream's connection drops mid-body: no end of body reaches the
+    // gateway's filters, so the end comes from the failed proxy's handler.
+    let url = gw.url("/v1/claude/oa/v1/messages?cut_after=2&gap_ms=5");
+    let sent = send(&url, Some(&key), &messages_body(true), "identity", "tr-cut").await;
+    assert_eq!(sent.status, 200);
+    let all = events(&sent.body);
+    let (name, last) = all.last().expect("events");
+    assert_eq!(name, "error", "{all:?}");
+    assert_eq!(last["error"]["type"], "api_error");
+    assert_eq!(all[0].0, "message_start");
+    let metrics = gw.metrics();
+    let line =
+        "portcullis_translations_total{pair=\"messages>chat\",result=\"cut\",service=\"claude\"} 1";
+    assert!(metrics.contains(line), "{line} in {metrics}");
+}

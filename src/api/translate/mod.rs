@@ -6,6 +6,7 @@
 //! `Converters`; the proxy only sends it to the target endpoint's path (`forward_path`).
 
 pub(crate) mod messages_chat;
+pub(crate) mod responses_chat;
 pub(crate) mod sse;
 
 use serde_json::Value;
@@ -41,8 +42,9 @@ struct Row {
 
 /// One direction's converters, from the client's dialect to the upstream's and back.
 pub(crate) struct Converters {
-    /// The client's request (as the reader checked and the policy edited it).
-    pub(crate) request: fn(&Value) -> Result<Value, Untranslatable>,
+    /// The client's request (as the reader checked and the policy edited it); what its answer
+    /// will need beyond `Asked::of` is noted in the `Asked`.
+    pub(crate) request: fn(&Value, &mut Asked) -> Result<Value, Untranslatable>,
     /// The upstream's JSON answer, a success.
     pub(crate) answer: fn(&Value, &Asked) -> Value,
     /// The upstream's error answer (any bytes) in the client dialect's error shape.
@@ -58,7 +60,12 @@ pub(crate) struct Asked {
     pub(crate) model: String,
     /// A chat client asked for its stream's usage (`stream_options.include_usage`); the
     /// other dialects always get it.
+    // Read by the chat>responses stream, merged next.
+    #[allow(dead_code)]
     pub(crate) usage: bool,
+    /// The client's freeform tools (Responses `custom`), sent as functions: their calls go
+    /// back as the client's own call type.
+    pub(crate) freeform: Vec<String>,
 }
 
 impl Asked {
@@ -66,6 +73,7 @@ impl Asked {
         Asked {
             model: request["model"].as_str().unwrap_or_default().to_string(),
             usage: request.pointer("/stream_options/include_usage") == Some(&Value::Bool(true)),
+            freeform: Vec::new(),
         }
     }
 }
@@ -138,7 +146,7 @@ const PAIRS: [Row; 3] = [
         name: "responses>chat",
         client: Endpoint::Responses,
         target: Endpoint::Chat,
-        convert: None,
+        convert: Some(responses_chat::CONVERTERS),
     },
     Row {
         api: Api::OpenAi,
@@ -184,7 +192,7 @@ impl Pair {
         };
         if pair.row().convert.is_none() {
             return Err(format!(
-                "`{key} = \"{value}\"` is not built yet in this release (only `messages = \"chat\"` is)"
+                "`{key} = \"{value}\"` is not built yet in this release"
             ));
         }
         Ok(pair)
@@ -222,6 +230,12 @@ impl Untranslatable {
     }
 }
 
+/// A client-chosen name shown in a message: quoted, cut short.
+fn shown(name: &str) -> String {
+    let short: String = name.chars().take(64).collect();
+    Value::from(short).to_string()
+}
+
 /// The path the upstream is sent for a translated call: everything but the client endpoint's
 /// own suffix, which becomes the target's (`…/v1/messages?beta=true` →
 /// `…/v1/chat/completions?beta=true`); the query is kept.
@@ -245,6 +259,33 @@ pub(crate) fn forward_path(pair: Pair, forward: &[u8]) -> Vec<u8> {
     out.extend_from_slice(target);
     out.extend_from_slice(query);
     out
+}
+
+/// An OpenAI-compatible server's error answer in OpenAI's error shape (`{"error": {"message",
+/// "type", "param", "code"}}`): kept when it has it, else its text as the message.
+pub(crate) fn openai_error(status: u16, body: &[u8]) -> Value {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    if let Some(error) = parsed.as_ref().and_then(|b| b.get("error")) {
+        if error.get("message").is_some_and(Value::is_string) {
+            return serde_json::json!({"error": error});
+        }
+    }
+    let message = match &parsed {
+        Some(Value::Object(body)) => match body.get("error").or(body.get("detail")) {
+            Some(Value::String(text)) => text.clone(),
+            _ => Value::Object(body.clone()).to_string(),
+        },
+        Some(other) => other.to_string(),
+        None => String::from_utf8_lossy(body).chars().take(1024).collect(),
+    };
+    let kind = match status {
+        400 | 404 | 405 | 413 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        429 => "rate_limit_error",
+        _ => "server_error",
+    };
+    serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
 }
 
 #[cfg(test)]

@@ -391,6 +391,7 @@ pub(super) async fn answer(
         split: Duration::from_millis(query_param(&req.target, "split_ms", 50)),
         split_event: events.iter().position(|(k, _)| k == usage_event),
         split_at: needle,
+        cut_after: super::openai::cut_after(req),
     };
     let texts: Vec<String> = events.iter().map(sse_event).collect();
     let log = super::serve::new_stream(state);

@@ -302,9 +302,16 @@ pub(super) async fn completion(
         // The usage chunk, just before [DONE].
         split_event: include_usage.then(|| events.len() - 2),
         split_at: "prompt_t",
+        cut_after: cut_after(req),
     };
     let log = super::serve::new_stream(state);
     stream(conn, coding::for_request(req), &events, &pacing, &log).await
+}
+
+/// `?cut_after=K`: how many events a stream sends before its connection drops.
+pub(super) fn cut_after(req: &Hit) -> Option<usize> {
+    let k = query_param(&req.target, "cut_after", u64::MAX);
+    (k != u64::MAX).then(|| usize::try_from(k).unwrap_or(usize::MAX))
 }
 
 /// The usage a request's answer reports, `stated` unless its query says otherwise (for tests
@@ -428,6 +435,8 @@ pub(super) struct Pacing {
     /// The event written in two pieces `split` apart, cut 5 bytes into `split_at`.
     pub split_event: Option<usize>,
     pub split_at: &'static str,
+    /// `?cut_after=K`: the connection is dropped after K events, mid-body (no last chunk).
+    pub cut_after: Option<usize>,
 }
 
 /// Writes `events` in `coding`, `gap` apart, logging each; false when the peer left.
@@ -448,6 +457,10 @@ pub(super) async fn stream(
     }
     let mut encoder = Encoder::new(coding);
     for (i, event) in events.iter().enumerate() {
+        if pacing.cut_after == Some(i) {
+            log.lock().unwrap().aborted = Some(Instant::now());
+            return false;
+        }
         if i > 0 {
             tokio::time::sleep(pacing.gap).await;
         }

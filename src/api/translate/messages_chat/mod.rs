@@ -10,7 +10,7 @@ use super::{Asked, Converters, StreamConvert};
 
 /// The direction's row of converters.
 pub(crate) const CONVERTERS: Converters = Converters {
-    request: request::to_chat,
+    request: |body, _| request::to_chat(body),
     answer: |chat, asked| answer::to_messages(chat, Some(&asked.model)),
     error: answer::error_to_messages,
     stream: new_stream,

@@ -18,7 +18,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::super::Untranslatable;
+use super::super::{shown, Untranslatable};
 
 /// `thinking.budget_tokens` below which effort is `low`, then `medium`; `high` above.
 const EFFORT_STEPS: [(u64, &str); 2] = [(4_096, "low"), (16_384, "medium")];
@@ -278,12 +278,6 @@ fn thinking_options(thinking: &Value, out: &mut Map<String, Value>) {
             .map_or("high", |(_, effort)| effort);
         out.insert("reasoning_effort".into(), Value::from(effort));
     }
-}
-
-/// A client-chosen name shown in a message: quoted, cut short.
-fn shown(name: &str) -> String {
-    let short: String = name.chars().take(64).collect();
-    Value::from(short).to_string()
 }
 
 #[cfg(test)]
