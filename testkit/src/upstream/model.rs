@@ -28,7 +28,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 mod agents;
+mod check;
 mod python;
+#[cfg(test)]
+mod tests_check;
+#[cfg(test)]
+mod tests_unchanged;
 mod text;
 
 use self::python::{py_str, py_truthy, PyRandom};
@@ -73,11 +78,11 @@ enum Answer {
 enum Refusal {
     /// 400 with this message; the connection stays open.
     Bad(&'static str),
+    /// A malformed body (`check.rs`): 400 with this message, in OpenAI's full error shape.
+    Invalid(String),
     NotFound,
     /// This status and message, then the connection closes.
     Close(u16, String),
-    /// The request made the Python original raise: it closed the connection without an answer.
-    Crash(&'static str),
 }
 
 /// Answers one request; false when the connection must close.
@@ -141,16 +146,17 @@ pub(super) async fn answer(conn: &mut TcpStream, req: &Hit, state: &State, model
         Err(Refusal::Bad(message)) => {
             reply(conn, req, state, model, 400, &error(message), "").await
         }
+        Err(Refusal::Invalid(message)) => {
+            let body = json!({"error": {"message": message, "type": "invalid_request_error",
+                "param": null, "code": null}});
+            reply(conn, req, state, model, 400, &body, "").await
+        }
         Err(Refusal::NotFound) => {
             reply(conn, req, state, model, 404, &error("not found"), "").await
         }
         Err(Refusal::Close(code, message)) => {
             let close = "connection: close\r\n";
             reply(conn, req, state, model, code, &error(&message), close).await;
-            false
-        }
-        Err(Refusal::Crash(why)) => {
-            eprintln!("{} {}: no answer: {why}", req.method, req.target);
             false
         }
     };

@@ -17,8 +17,9 @@
 
 use serde_json::{json, Map, Value};
 
+use super::check;
 use super::python::py_int;
-use super::text::{content_text, fragments, now};
+use super::text::{fragments, now};
 use super::{received_model, Answer, Model, Refusal, REASONING};
 use crate::upstream::agents::{responses_usage_json, Message, MessagesUsage, Response};
 use crate::upstream::Usage;
@@ -37,44 +38,59 @@ fn cut<'a>(answer: Vec<&'a str>, max: Option<&Value>) -> (Vec<&'a str>, bool) {
     }
 }
 
-/// Each input item's role and text: a string input is one user message.
-fn input_texts(input: Option<&Value>) -> Result<Vec<(String, String)>, Refusal> {
-    match input {
-        Some(Value::String(s)) => Ok(vec![("user".into(), s.clone())]),
-        Some(Value::Array(items)) => Ok(items
+/// The text of parts: those with a `text` (input_text, output_text).
+fn parts_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
             .iter()
-            .filter_map(Value::as_object)
-            .map(|item| {
-                let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
-                // Parts are input_text / output_text; content_text reads `text` parts only.
-                let text = match item.get("content") {
-                    Some(Value::Array(parts)) => parts
-                        .iter()
-                        .filter_map(|p| p.get("text").and_then(Value::as_str))
-                        .collect(),
-                    other => content_text(other).unwrap_or_default(),
-                };
-                (role.to_string(), text)
-            })
-            .collect()),
-        _ => Err(Refusal::Bad("'input' must be a string or an array")),
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
     }
 }
 
+/// Each input item's role and text (`check.rs` has let the input through): a string input is
+/// one user message, a call has the role `function_call` and no text, its output the role
+/// `tool`; reasoning items are left out.
+fn input_texts(input: Option<&Value>) -> Vec<(String, String)> {
+    let items = match input {
+        Some(Value::String(s)) => return vec![("user".into(), s.clone())],
+        Some(Value::Array(items)) => items,
+        _ => return Vec::new(),
+    };
+    let kind = |item: &Value| item.get("type").and_then(Value::as_str).map(String::from);
+    (items.iter())
+        .filter_map(|item| match kind(item).as_deref() {
+            None | Some("message") => {
+                let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+                Some((role.to_string(), parts_text(item.get("content"))))
+            }
+            Some("function_call") => Some(("function_call".into(), String::new())),
+            Some("function_call_output") => Some(("tool".into(), parts_text(item.get("output")))),
+            _ => None,
+        })
+        .collect()
+}
+
 pub(super) fn responses(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
-    let texts = input_texts(body.get("input"))?;
-    let last_user = texts
-        .iter()
-        .rev()
-        .find(|(role, _)| role == "user")
-        .map_or("", |(_, t)| t.as_str());
+    check::responses(body)?;
+    let texts = input_texts(body.get("input"));
+    let echoed = match texts.last() {
+        Some((role, text)) if role == "tool" => text.as_str(),
+        _ => texts
+            .iter()
+            .rev()
+            .find(|(role, _)| role == "user")
+            .map_or("", |(_, t)| t.as_str()),
+    };
     let instructions = body
         .get("instructions")
         .and_then(Value::as_str)
         .unwrap_or("");
     let cached = fragments(instructions).len();
     let prompt = (cached + texts.iter().map(|(_, t)| fragments(t).len()).sum::<usize>()).max(1);
-    let answer_text = format!("Echo: {last_user}");
+    let answer_text = format!("Echo: {echoed}");
     let (answer, incomplete) = cut(fragments(&answer_text), body.get("max_output_tokens"));
     let reasoning = fragments(REASONING).len();
     let usage = Usage {

@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
 
+use super::check;
 use super::python::{is_space, py_int, py_str, py_truthy};
 use super::{received_model, Answer, Model, Refusal, REASONING};
 
@@ -60,19 +61,16 @@ fn with_usage(mut chunks: Vec<Value>, body: &Map<String, Value>, usage: Value) -
 }
 
 pub(super) fn chat(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
-    let messages = match body.get("messages") {
-        Some(Value::Array(m)) if m.iter().all(Value::is_object) => m,
-        _ => {
-            return Err(Refusal::Bad(
-                "'messages' must be an array of message objects",
-            ))
-        }
+    check::chat(body)?;
+    let Some(Value::Array(messages)) = body.get("messages") else {
+        return Err(Refusal::Bad(
+            "'messages' must be an array of message objects",
+        ));
     };
-    let texts = messages
+    let texts: Vec<String> = messages
         .iter()
         .map(|m| content_text(m.get("content")))
-        .collect::<Option<Vec<String>>>()
-        .ok_or(Refusal::Crash("an image_url whose url is not a string"))?;
+        .collect();
     let last_user = messages
         .iter()
         .zip(&texts)
@@ -208,39 +206,31 @@ pub(super) fn fragments(text: &str) -> Vec<&str> {
     out
 }
 
-/// A message's text: a string, or its parts joined. None where the Python raised.
-pub(super) fn content_text(content: Option<&Value>) -> Option<String> {
+/// A message's text: a string, or its parts joined (parts as `check.rs` let them through).
+pub(super) fn content_text(content: Option<&Value>) -> String {
     match content {
-        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts.iter().map(part_text).collect(),
-        _ => Some(String::new()),
+        _ => String::new(),
     }
 }
 
-fn part_text(part: &Value) -> Option<String> {
-    let Value::Object(part) = part else {
-        return Some(String::new());
-    };
+fn part_text(part: &Value) -> String {
     match part.get("type").and_then(Value::as_str) {
-        Some("text") => Some(part.get("text").map_or(String::new(), py_str)),
+        Some("text") => part.get("text").map_or(String::new(), py_str),
         Some("image_url") => {
-            let url = match part.get("image_url") {
-                Some(Value::Object(img)) => match img.get("url") {
-                    None => "",
-                    Some(Value::String(url)) => url.as_str(),
-                    Some(_) => return None,
-                },
-                Some(Value::String(url)) => url.as_str(),
-                _ => "",
-            };
+            let url = part
+                .get("image_url")
+                .and_then(|image| image.get("url")?.as_str())
+                .unwrap_or("");
             // A data: URL names its media type: up to the first `;` or `,`.
             let media = url
                 .strip_prefix("data:")
                 .map(|rest| &rest[..rest.find([';', ',']).unwrap_or(rest.len())])
                 .filter(|m| !m.is_empty());
-            Some(format!(" [image:{}]", media.unwrap_or("url")))
+            format!(" [image:{}]", media.unwrap_or("url"))
         }
-        _ => Some(String::new()),
+        _ => String::new(),
     }
 }
 
