@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
+use super::model::tools::Call;
 use super::openai::{stream, write_json, Pacing, Usage, CREATED};
 use super::wire::query_param;
 use super::{coding, Hit, State};
@@ -103,6 +104,8 @@ pub(super) struct Response<'a> {
     /// Answered after a reasoning item (its text never shown, as OpenAI hides it).
     pub reasoning: bool,
     pub deltas: Vec<&'a str>,
+    /// Function calls made instead of the message (the demo model's; never in `/oa/`).
+    pub calls: Vec<Call>,
     /// `incomplete` (cut by `max_output_tokens`) rather than `completed`.
     pub incomplete: bool,
     pub usage: Value,
@@ -137,7 +140,10 @@ impl Response<'_> {
         if self.reasoning {
             out.push(self.reasoning_item());
         }
-        out.push(self.message_item(true));
+        if self.calls.is_empty() {
+            out.push(self.message_item(true));
+        }
+        out.extend(self.calls.iter().map(|c| c.item(true)));
         out
     }
 
@@ -164,16 +170,7 @@ impl Response<'_> {
 
     /// The stream's events, numbered by `sequence_number`.
     pub fn events(&self) -> Vec<(String, Value)> {
-        let msg_id = format!("msg_{}", self.id);
         let m = usize::from(self.reasoning);
-        let text = self.deltas.concat();
-        let at = |extra: Value| {
-            let mut v = json!({"item_id": msg_id, "output_index": m, "content_index": 0});
-            v.as_object_mut()
-                .unwrap()
-                .extend(extra.as_object().unwrap().clone());
-            v
-        };
         let mut events = vec![
             ("response.created", json!({"response": self.object(false)})),
             (
@@ -192,14 +189,50 @@ impl Response<'_> {
                 json!({"output_index": 0, "item": item}),
             ));
         }
-        events.push((
-            "response.output_item.added",
-            json!({"output_index": m, "item": self.message_item(false)}),
-        ));
-        events.push((
-            "response.content_part.added",
-            at(json!({"part": self.part("")})),
-        ));
+        if self.calls.is_empty() {
+            events.extend(self.message_events(m));
+        }
+        for (i, call) in self.calls.iter().enumerate() {
+            events.extend(call.events(m + i));
+        }
+        let last = if self.incomplete {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        events.push((last, json!({"response": self.object(true)})));
+        events
+            .into_iter()
+            .enumerate()
+            .map(|(i, (kind, mut data))| {
+                data["type"] = json!(kind);
+                data["sequence_number"] = json!(i);
+                (kind.to_string(), data)
+            })
+            .collect()
+    }
+
+    /// The message item's events, as output item `m`.
+    fn message_events(&self, m: usize) -> Vec<(&'static str, Value)> {
+        let msg_id = format!("msg_{}", self.id);
+        let text = self.deltas.concat();
+        let at = |extra: Value| {
+            let mut v = json!({"item_id": msg_id, "output_index": m, "content_index": 0});
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            v
+        };
+        let mut events = vec![
+            (
+                "response.output_item.added",
+                json!({"output_index": m, "item": self.message_item(false)}),
+            ),
+            (
+                "response.content_part.added",
+                at(json!({"part": self.part("")})),
+            ),
+        ];
         for delta in &self.deltas {
             events.push((
                 "response.output_text.delta",
@@ -218,21 +251,7 @@ impl Response<'_> {
             "response.output_item.done",
             json!({"output_index": m, "item": self.message_item(true)}),
         ));
-        let last = if self.incomplete {
-            "response.incomplete"
-        } else {
-            "response.completed"
-        };
-        events.push((last, json!({"response": self.object(true)})));
         events
-            .into_iter()
-            .enumerate()
-            .map(|(i, (kind, mut data))| {
-                data["type"] = json!(kind);
-                data["sequence_number"] = json!(i);
-                (kind.to_string(), data)
-            })
-            .collect()
     }
 }
 
@@ -321,6 +340,7 @@ fn oa_answer(endpoint: AgentEndpoint, model: Value, stream: bool, n: u64) -> Vec
                 max_output_tokens: Value::Null,
                 reasoning: false,
                 deltas,
+                calls: Vec::new(),
                 incomplete: false,
                 usage: responses_usage_json(&usage),
             };

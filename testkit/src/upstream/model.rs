@@ -33,8 +33,11 @@ mod python;
 #[cfg(test)]
 mod tests_check;
 #[cfg(test)]
+mod tests_tools;
+#[cfg(test)]
 mod tests_unchanged;
 mod text;
+pub(super) mod tools;
 
 use self::python::{py_str, py_truthy, PyRandom};
 use self::text::fragments;

@@ -17,9 +17,9 @@
 
 use serde_json::{json, Map, Value};
 
-use super::check;
 use super::python::py_int;
 use super::text::{fragments, now};
+use super::{check, tools};
 use super::{received_model, Answer, Model, Refusal, REASONING};
 use crate::upstream::agents::{responses_usage_json, Message, MessagesUsage, Response};
 use crate::upstream::Usage;
@@ -74,8 +74,9 @@ fn input_texts(input: Option<&Value>) -> Vec<(String, String)> {
 }
 
 pub(super) fn responses(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
-    check::responses(body)?;
+    let names = check::responses(body)?;
     let texts = input_texts(body.get("input"));
+    let calls = tools::responses_calls(body, &names, &texts);
     let echoed = match texts.last() {
         Some((role, text)) if role == "tool" => text.as_str(),
         _ => texts
@@ -91,11 +92,17 @@ pub(super) fn responses(body: &Map<String, Value>, model: &Model) -> Result<Answ
     let cached = fragments(instructions).len();
     let prompt = (cached + texts.iter().map(|(_, t)| fragments(t).len()).sum::<usize>()).max(1);
     let answer_text = format!("Echo: {echoed}");
-    let (answer, incomplete) = cut(fragments(&answer_text), body.get("max_output_tokens"));
+    let (answer, incomplete, answer_tokens) = if calls.is_empty() {
+        let (answer, incomplete) = cut(fragments(&answer_text), body.get("max_output_tokens"));
+        let n = answer.len();
+        (answer, incomplete, n)
+    } else {
+        (Vec::new(), false, tools::tokens(&calls))
+    };
     let reasoning = fragments(REASONING).len();
     let usage = Usage {
         prompt: prompt as u64,
-        completion: (answer.len() + reasoning) as u64,
+        completion: (answer_tokens + reasoning) as u64,
         reasoning: reasoning as u64,
         cached: cached as u64,
     };
@@ -110,14 +117,22 @@ pub(super) fn responses(body: &Map<String, Value>, model: &Model) -> Result<Answ
             .unwrap_or(Value::Null),
         reasoning: true,
         deltas: answer,
+        calls,
         incomplete,
         usage: responses_usage_json(&usage),
     };
-    Ok(if streamed(body) {
-        Answer::Events(r.events())
-    } else {
-        Answer::Json(r.object(true))
-    })
+    if !streamed(body) {
+        let mut object = r.object(true);
+        tools::state_tools(body, &mut object);
+        return Ok(Answer::Json(object));
+    }
+    let mut events = r.events();
+    for (_, data) in &mut events {
+        if let Some(response) = data.get_mut("response") {
+            tools::state_tools(body, response);
+        }
+    }
+    Ok(Answer::Events(events))
 }
 
 /// The text of a `system` (a string or text blocks).

@@ -9,8 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
 
-use super::check;
 use super::python::{is_space, py_int, py_str, py_truthy};
+use super::{check, tools};
 use super::{received_model, Answer, Model, Refusal, REASONING};
 
 impl Model {
@@ -61,7 +61,7 @@ fn with_usage(mut chunks: Vec<Value>, body: &Map<String, Value>, usage: Value) -
 }
 
 pub(super) fn chat(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
-    check::chat(body)?;
+    let names = check::chat(body)?;
     let Some(Value::Array(messages)) = body.get("messages") else {
         return Err(Refusal::Bad(
             "'messages' must be an array of message objects",
@@ -71,13 +71,8 @@ pub(super) fn chat(body: &Map<String, Value>, model: &Model) -> Result<Answer, R
         .iter()
         .map(|m| content_text(m.get("content")))
         .collect();
-    let last_user = messages
-        .iter()
-        .zip(&texts)
-        .rev()
-        .find(|(m, _)| m.get("role").and_then(Value::as_str) == Some("user"))
-        .map_or("", |(_, text)| text.as_str());
-    let answer_text = format!("Echo: {last_user}");
+    let calls = tools::chat_calls(body, &names, messages, &texts);
+    let answer_text = format!("Echo: {}", tools::chat_echoed(messages, &texts));
     let mut answer = fragments(&answer_text);
     let mut finish = "stop";
     if let Some(max) = py_int(body.get("max_tokens")) {
@@ -99,12 +94,23 @@ pub(super) fn chat(body: &Map<String, Value>, model: &Model) -> Result<Answer, R
         .map(|t| fragments(t).len())
         .sum::<usize>()
         .max(1);
-    let usage = usage(prompt, answer.len(), reasoning.len());
+    let answer_tokens = if calls.is_empty() {
+        answer.len()
+    } else {
+        finish = "tool_calls";
+        tools::tokens(&calls)
+    };
+    let usage = usage(prompt, answer_tokens, reasoning.len());
     let (id, created) = (model.next_id("chatcmpl"), now());
     let model_name = received_model(body);
 
     if !py_truthy(body.get("stream")) {
-        let mut message = json!({"role": "assistant", "content": answer.concat()});
+        let mut message = if calls.is_empty() {
+            json!({"role": "assistant", "content": answer.concat()})
+        } else {
+            json!({"role": "assistant", "content": null,
+                "tool_calls": tools::chat_tool_calls(&calls)})
+        };
         if thinking {
             message["reasoning_content"] = json!(REASONING);
         }
@@ -117,13 +123,22 @@ pub(super) fn chat(body: &Map<String, Value>, model: &Model) -> Result<Answer, R
             "model": model_name,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
     };
+    // The first chunk as vLLM sends it, calls or not.
     let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
     chunks.extend(
         reasoning
             .iter()
             .map(|f| chunk(json!({"reasoning_content": f}), None)),
     );
-    chunks.extend(answer.iter().map(|f| chunk(json!({"content": f}), None)));
+    if calls.is_empty() {
+        chunks.extend(answer.iter().map(|f| chunk(json!({"content": f}), None)));
+    } else {
+        chunks.extend(
+            tools::chat_deltas(&calls)
+                .into_iter()
+                .map(|d| chunk(d, None)),
+        );
+    }
     chunks.push(chunk(json!({}), Some(finish)));
     Ok(Answer::Stream(with_usage(chunks, body, usage)))
 }
