@@ -260,14 +260,21 @@ pub(super) struct Message<'a> {
     pub id: String,
     pub model: Value,
     pub deltas: Vec<&'a str>,
+    /// Tools used instead of the text (the demo model's; never in `/oa/`).
+    pub calls: Vec<Call>,
     pub stop_reason: &'static str,
     pub usage: MessagesUsage,
 }
 
 impl Message<'_> {
     pub fn object(&self) -> Value {
+        let content: Vec<Value> = if self.calls.is_empty() {
+            vec![json!({"type": "text", "text": self.deltas.concat()})]
+        } else {
+            self.calls.iter().map(|c| c.tool_use(true)).collect()
+        };
         json!({"id": format!("msg_{}", self.id), "type": "message", "role": "assistant",
-            "model": self.model, "content": [{"type": "text", "text": self.deltas.concat()}],
+            "model": self.model, "content": content,
             "stop_reason": self.stop_reason, "stop_sequence": null, "usage": self.usage.json()})
     }
 
@@ -280,17 +287,24 @@ impl Message<'_> {
         message["content"] = json!([]);
         message["stop_reason"] = Value::Null;
         message["usage"] = start_usage.json();
-        let mut events = vec![
-            json!({"type": "message_start", "message": message}),
-            json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}}),
-            json!({"type": "ping"}),
-        ];
-        events.extend(self.deltas.iter().map(|d| {
+        let mut blocks = vec![json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}})];
+        blocks.extend(self.deltas.iter().map(|d| {
             json!({"type": "content_block_delta", "index": 0,
                 "delta": {"type": "text_delta", "text": d}})
         }));
-        events.push(json!({"type": "content_block_stop", "index": 0}));
+        blocks.push(json!({"type": "content_block_stop", "index": 0}));
+        if !self.calls.is_empty() {
+            blocks = (self.calls.iter().enumerate())
+                .flat_map(|(i, c)| c.block_events(i))
+                .collect();
+        }
+        let mut events = vec![json!({"type": "message_start", "message": message})];
+        // A ping after the first block starts, as Anthropic sends it.
+        let mut blocks = blocks.into_iter();
+        events.extend(blocks.next());
+        events.push(json!({"type": "ping"}));
+        events.extend(blocks);
         events.push(json!({"type": "message_delta",
             "delta": {"stop_reason": self.stop_reason, "stop_sequence": null},
             "usage": {"output_tokens": self.usage.output}}));
@@ -359,6 +373,7 @@ fn oa_answer(endpoint: AgentEndpoint, model: Value, stream: bool, n: u64) -> Vec
                 id: "fake".into(),
                 model,
                 deltas,
+                calls: Vec::new(),
                 stop_reason: "end_turn",
                 usage,
             };

@@ -31,6 +31,8 @@ mod agents;
 mod check;
 mod python;
 #[cfg(test)]
+mod tests_agent_tools;
+#[cfg(test)]
 mod tests_check;
 #[cfg(test)]
 mod tests_tools;

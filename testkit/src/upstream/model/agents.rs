@@ -192,17 +192,31 @@ fn messages_prompt(body: &Map<String, Value>) -> Result<(MessagesUsage, String),
 
 pub(super) fn messages(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
     let (usage, last_user) = messages_prompt(body)?;
-    let answer_text = format!("Echo: {last_user}");
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let calls = tools::messages_calls(body, messages, &last_user);
+    let echoed = (messages.last())
+        .and_then(tools::tool_result_text)
+        .unwrap_or(last_user);
+    let answer_text = format!("Echo: {echoed}");
     let (answer, was_cut) = cut(fragments(&answer_text), body.get("max_tokens"));
+    let (output, stop_reason) = match (calls.is_empty(), was_cut) {
+        (false, _) => (tools::tokens(&calls), "tool_use"),
+        (true, true) => (answer.len(), "max_tokens"),
+        (true, false) => (answer.len(), "end_turn"),
+    };
     let m = Message {
         id: model.next_id("m").replace('-', "_"),
         model: json!(received_model(body)),
-        stop_reason: if was_cut { "max_tokens" } else { "end_turn" },
+        stop_reason,
         usage: MessagesUsage {
-            output: answer.len() as u64,
+            output: output as u64,
             ..usage
         },
         deltas: answer,
+        calls,
     };
     Ok(if streamed(body) {
         Answer::Events(m.events())

@@ -1,22 +1,23 @@
-//! The demo model's tool calls (`tools.rs`): the call, JSON and streamed, the parallel rule,
-//! the ids, and the echo of a tool's result, on chat completions and Responses.
+//! The demo model's tool calls on chat completions (`tools.rs`): the call, JSON and streamed,
+//! the parallel rule, the ids, and the echo of a tool's result (the agent APIs':
+//! `tests_agent_tools.rs`).
 
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use super::{agents, text, Answer, Model, Refusal};
+use super::{text, Answer, Model, Refusal};
 
-type Endpoint = fn(&Map<String, Value>, &Model) -> Result<Answer, Refusal>;
+pub(super) type Endpoint = fn(&Map<String, Value>, &Model) -> Result<Answer, Refusal>;
 
-fn answer(endpoint: Endpoint, body: &Value) -> Answer {
+pub(super) fn answer(endpoint: Endpoint, body: &Value) -> Answer {
     match endpoint(body.as_object().unwrap(), &Model::new(Duration::ZERO)) {
         Ok(answer) => answer,
         Err(_) => panic!("refused {body}"),
     }
 }
 
-fn json_answer(endpoint: Endpoint, body: &Value) -> Value {
+pub(super) fn json_answer(endpoint: Endpoint, body: &Value) -> Value {
     match answer(endpoint, body) {
         Answer::Json(v) => v,
         _ => panic!("not JSON: {body}"),
@@ -27,13 +28,6 @@ fn chunks(body: &Value) -> Vec<Value> {
     match answer(text::chat, body) {
         Answer::Stream(chunks) => chunks,
         _ => panic!("not a stream: {body}"),
-    }
-}
-
-fn events(body: &Value) -> Vec<(String, Value)> {
-    match answer(agents::responses, body) {
-        Answer::Events(events) => events,
-        _ => panic!("not events: {body}"),
     }
 }
 
@@ -48,7 +42,7 @@ fn chat_asking(text: &str) -> Value {
 }
 
 /// The JSON text of `{"text": text}`, as the model writes arguments.
-fn arguments(text: &str) -> String {
+pub(super) fn arguments(text: &str) -> String {
     json!({ "text": text }).to_string()
 }
 
@@ -218,124 +212,4 @@ fn a_chat_tool_result_is_echoed_and_later_calls_count_on() {
         .push(json!({"role": "user", "content": "again"}));
     let v = json_answer(text::chat, &body);
     assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["id"], "call_1");
-}
-
-fn responses_asking(input: Value) -> Value {
-    json!({"model": "r", "input": input, "tools": [
-        {"type": "function", "name": "get_weather", "parameters": {"type": "object"}},
-        {"type": "web_search"},
-        {"type": "function", "name": "lookup"}]})
-}
-
-fn function_call(n: usize, name: &str, args: &str) -> Value {
-    json!({"type": "function_call", "id": format!("fc_{n}"), "call_id": format!("call_{n}"),
-        "name": name, "arguments": args, "status": "completed"})
-}
-
-#[test]
-fn a_responses_request_with_tools_is_answered_with_function_calls() {
-    let body = responses_asking(json!("what now"));
-    let v = json_answer(agents::responses, &body);
-    let args = arguments("what now");
-    assert_eq!(v["status"], "completed");
-    assert_eq!(v["output"][0]["type"], "reasoning");
-    assert_eq!(v["output"][1], function_call(0, "get_weather", &args));
-    assert_eq!(v["output"].as_array().unwrap().len(), 2);
-    assert_eq!(
-        v["usage"],
-        json!({"input_tokens": 2, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 3},
-            "total_tokens": 7})
-    );
-    // The tools as received, as OpenAI states them.
-    assert_eq!(
-        (v["tools"].clone(), v["tool_choice"].clone()),
-        (body["tools"].clone(), json!("auto"))
-    );
-
-    let mut streamed = body.clone();
-    streamed["stream"] = json!(true);
-    let events = events(&streamed);
-    let names: Vec<&str> = events.iter().map(|(e, _)| e.as_str()).collect();
-    let delta = "response.function_call_arguments.delta";
-    assert_eq!(
-        names,
-        [
-            "response.created",
-            "response.in_progress",
-            "response.output_item.added",
-            "response.output_item.done",
-            "response.output_item.added",
-            delta,
-            delta,
-            delta,
-            "response.function_call_arguments.done",
-            "response.output_item.done",
-            "response.completed"
-        ]
-    );
-    for (i, (name, data)) in events.iter().enumerate() {
-        assert_eq!(
-            (&data["type"], &data["sequence_number"]),
-            (&json!(name), &json!(i))
-        );
-    }
-    let mut added = function_call(0, "get_weather", "");
-    added["status"] = json!("in_progress");
-    assert_eq!(events[4].1["item"], added);
-    assert_eq!(events[4].1["output_index"], 1);
-    let pieces: String = events[5..8]
-        .iter()
-        .map(|(_, d)| {
-            assert_eq!(
-                (&d["item_id"], &d["output_index"]),
-                (&json!("fc_0"), &json!(1))
-            );
-            d["delta"].as_str().unwrap()
-        })
-        .collect();
-    assert_eq!(pieces, args);
-    assert_eq!(events[8].1["arguments"], args);
-    assert_eq!(events[9].1["item"], v["output"][1]);
-    let done = &events[10].1["response"];
-    assert_eq!(
-        (&done["output"], &done["usage"]),
-        (&v["output"], &v["usage"])
-    );
-}
-
-#[test]
-fn responses_calls_follow_the_parallel_rule_and_outputs_are_echoed() {
-    let v = json_answer(
-        agents::responses,
-        &responses_asking(json!([{"role": "user", "content": "both in parallel"}])),
-    );
-    let args = arguments("both in parallel");
-    assert_eq!(
-        v["output"].as_array().unwrap()[1..],
-        [
-            function_call(0, "get_weather", &args),
-            function_call(1, "lookup", &args)
-        ]
-    );
-    let mut named = responses_asking(json!("in parallel"));
-    named["tool_choice"] = json!({"type": "function", "name": "lookup"});
-    let v = json_answer(agents::responses, &named);
-    assert_eq!(v["output"][1]["name"], "lookup");
-    assert_eq!(v["output"].as_array().unwrap().len(), 2);
-
-    let mut turn = json!([{"role": "user", "content": "weather?"},
-        {"type": "function_call", "call_id": "call_0", "name": "get_weather", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "call_0", "output": "sunny"}]);
-    let v = json_answer(agents::responses, &responses_asking(turn.clone()));
-    assert_eq!(v["output"][1]["type"], "message");
-    assert_eq!(v["output"][1]["content"][0]["text"], "Echo: sunny");
-    turn.as_array_mut()
-        .unwrap()
-        .push(json!({"role": "user", "content": "again"}));
-    let v = json_answer(agents::responses, &responses_asking(turn));
-    assert_eq!(
-        v["output"][1],
-        function_call(1, "get_weather", &arguments("again"))
-    );
 }

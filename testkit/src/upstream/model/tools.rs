@@ -44,6 +44,29 @@ impl Call {
             "name": self.name, "arguments": arguments, "status": status})
     }
 
+    /// The Anthropic `tool_use` content block; its `input` empty as a stream starts it.
+    pub(in crate::upstream) fn tool_use(&self, done: bool) -> Value {
+        let input = if done {
+            serde_json::from_str(&self.arguments).unwrap_or_default()
+        } else {
+            json!({})
+        };
+        json!({"type": "tool_use", "id": format!("toolu_{}", self.n), "name": self.name,
+            "input": input})
+    }
+
+    /// Its Anthropic Messages stream events as content block `index`.
+    pub(in crate::upstream) fn block_events(&self, index: usize) -> Vec<Value> {
+        let mut events = vec![json!({"type": "content_block_start", "index": index,
+            "content_block": self.tool_use(false)})];
+        events.extend(self.thirds().map(|piece| {
+            json!({"type": "content_block_delta", "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": piece}})
+        }));
+        events.push(json!({"type": "content_block_stop", "index": index}));
+        events
+    }
+
     /// Its Responses stream events as output item `index`, not yet numbered.
     pub(in crate::upstream) fn events(&self, index: usize) -> Vec<(&'static str, Value)> {
         let item_id = format!("fc_{}", self.n);
@@ -70,24 +93,36 @@ impl Call {
     }
 }
 
+/// What a request lets the model call, read from its `tool_choice` (and parallel switch).
+struct Choice<'a> {
+    none: bool,
+    named: Option<&'a str>,
+    parallel: bool,
+}
+
+impl<'a> Choice<'a> {
+    /// OpenAI's: `tool_choice` `"none"`, `parallel_tool_calls`; `named`: the function named.
+    fn openai(body: &'a Map<String, Value>, named: Option<&'a str>) -> Choice<'a> {
+        Choice {
+            none: body.get("tool_choice").and_then(Value::as_str) == Some("none"),
+            named,
+            parallel: body.get("parallel_tool_calls") != Some(&Value::Bool(false)),
+        }
+    }
+}
+
 /// The calls for a conversation that ends with the user's `text`; `names`: the function
-/// tools offered, `named`: the one `tool_choice` names, `first`: the calls made before.
-fn plan(
-    body: &Map<String, Value>,
-    names: &[&str],
-    named: Option<&str>,
-    text: &str,
-    first: usize,
-) -> Vec<Call> {
-    if names.is_empty() || body.get("tool_choice").and_then(Value::as_str) == Some("none") {
+/// tools offered, `first`: the calls made before.
+fn plan(names: &[&str], choice: Choice, text: &str, first: usize) -> Vec<Call> {
+    if names.is_empty() || choice.none {
         return Vec::new();
     }
     let parallel = names.len() >= 2
-        && body.get("parallel_tool_calls") != Some(&Value::Bool(false))
+        && choice.parallel
         && text
             .split(|c: char| !c.is_alphanumeric())
             .any(|word| word.eq_ignore_ascii_case("parallel"));
-    let called = match named {
+    let called = match choice.named {
         Some(name) => vec![name],
         None if parallel => names[..2].to_vec(),
         None => names[..1].to_vec(),
@@ -125,7 +160,7 @@ pub(super) fn chat_calls(
     let first = (messages.iter())
         .filter_map(|m| m.get("tool_calls")?.as_array().map(Vec::len))
         .sum();
-    plan(body, names, named, text, first)
+    plan(names, Choice::openai(body, named), text, first)
 }
 
 /// The text a chat request's answer echoes: the tool result that ends the conversation, else
@@ -156,7 +191,71 @@ pub(super) fn responses_calls(
         .filter(|c| c.get("type").and_then(Value::as_str) == Some("function"))
         .and_then(|c| c.get("name")?.as_str());
     let first = texts.iter().filter(|(r, _)| r == "function_call").count();
-    plan(body, names, named, text, first)
+    plan(names, Choice::openai(body, named), text, first)
+}
+
+fn blocks(message: &Value) -> &[Value] {
+    message
+        .get("content")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+fn kind(block: &Value) -> Option<&str> {
+    block.get("type").and_then(Value::as_str)
+}
+
+/// An Anthropic Messages request's calls, `toolu_<n>`: to its client tools (custom, or
+/// untyped), `tool_choice` `{"type": "none"}` calling none, `{"type": "tool", "name"}` that
+/// one, `disable_parallel_tool_use` one at most; `text`: the last user text. A last user
+/// message of tool results is answered, not called on.
+pub(super) fn messages_calls(
+    body: &Map<String, Value>,
+    messages: &[Value],
+    text: &str,
+) -> Vec<Call> {
+    let Some(last) = messages.last() else {
+        return Vec::new();
+    };
+    if role(last) != Some("user") || tool_result_text(last).is_some() {
+        return Vec::new();
+    }
+    let tools = body.get("tools").and_then(Value::as_array);
+    let names: Vec<&str> = (tools.into_iter().flatten())
+        .filter(|t| matches!(kind(t), None | Some("custom")))
+        .filter_map(|t| t.get("name")?.as_str())
+        .collect();
+    let tool_choice = body.get("tool_choice");
+    let choice_kind = tool_choice.and_then(kind);
+    let choice = Choice {
+        none: choice_kind == Some("none"),
+        named: (choice_kind == Some("tool"))
+            .then(|| tool_choice?.get("name")?.as_str())
+            .flatten(),
+        parallel: tool_choice.and_then(|c| c.get("disable_parallel_tool_use"))
+            != Some(&Value::Bool(true)),
+    };
+    let first = (messages.iter())
+        .filter(|m| role(m) == Some("assistant"))
+        .flat_map(blocks)
+        .filter(|b| kind(b) == Some("tool_use"))
+        .count();
+    plan(&names, choice, text, first)
+}
+
+/// The text of a message's last `tool_result` block (its content a string, or text blocks
+/// joined); None when it has none.
+pub(super) fn tool_result_text(message: &Value) -> Option<String> {
+    let result = blocks(message)
+        .iter()
+        .rev()
+        .find(|b| kind(b) == Some("tool_result"))?;
+    Some(match result.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        _ => (blocks(result).iter())
+            .filter_map(|b| b.get("text")?.as_str())
+            .collect(),
+    })
 }
 
 /// The chat message's `tool_calls`.
