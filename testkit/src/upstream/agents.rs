@@ -9,11 +9,15 @@
 //!              response.content_part.added, response.output_text.delta ×N,
 //!              response.output_text.done, response.content_part.done,
 //!              response.output_item.done, response.completed (the whole response, usage
-//!              included); each `data` has `type` and `sequence_number`
+//!              included); each `data` has `type` and `sequence_number`. A function call
+//!              (the demo model's) streams as output_item.added,
+//!              function_call_arguments.delta ×3, function_call_arguments.done,
+//!              output_item.done
 //!   Messages   message_start (usage with input tokens and output_tokens 1),
 //!              content_block_start, ping, content_block_delta ×N, content_block_stop,
 //!              message_delta (stop_reason, and usage: the cumulative output_tokens),
-//!              message_stop
+//!              message_stop; a tool_use block starts with `input: {}`, then
+//!              input_json_delta ×3
 
 use std::time::Duration;
 

@@ -7,11 +7,22 @@
 //!                            `Echo: <last user text>`; image parts read as ` [image:<type>]`;
 //!                            `max_tokens` cuts the answer; with `stream` an SSE stream of one
 //!                            fragment per event, the token delay apart, then `data: [DONE]`;
-//!                            usage as OpenAI reports it, `include_usage` included (`text.rs`)
+//!                            usage as OpenAI reports it, `include_usage` included (`text.rs`);
+//!                            a `tool` message last: `Echo: <its text>`
 //!   POST …/completions       text completions: `Echo: <prompt>` per prompt, likewise
 //!   POST …/embeddings        1024 values per input, the same for the same text, L2-normalised
 //!   POST …/responses, …/messages, …/messages/count_tokens  the agent APIs (`agents.rs`)
 //!   other GET and POST       404; other methods 501
+//! Tool calls (`tools.rs`), on chat, Responses and Messages alike: with function tools offered,
+//! tool_choice not none and the user's message last, the model calls the tool tool_choice
+//! names, else the first, or the first two when the user's text has the word `parallel` and
+//! parallel calls are allowed; arguments `{"text":"<last user text>"}`; ids `call_<n>`
+//! (Responses items `fc_<n>`, Messages `toolu_<n>`), n counting the conversation's earlier
+//! calls from 0; finish_reason `tool_calls` (stop_reason `tool_use`); streamed as each call's
+//! id and name, then its arguments in three pieces; completion tokens: the fragments of all
+//! arguments joined, plus the reasoning's. A tool's result last is echoed as a user text is.
+//! Malformed chat and Responses bodies are refused (`check.rs`): 400 `{"error": {"message":
+//! "<the member>…", "type": "invalid_request_error", "param": null, "code": null}}`.
 //! A token is a fragment: a run of non-space characters and the spaces after it. Every answer
 //! carries `Set-Cookie: demo_session=abc`, which the gateway in front must strip, and OpenAI's
 //! account-wide `x-ratelimit-*` headers (`RATE_LIMIT_HEADERS`), which a gateway with budgets

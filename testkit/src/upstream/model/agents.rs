@@ -2,15 +2,19 @@
 //! is a fragment, `text.rs`), so the SDK suite can state each count independently:
 //!   POST …/responses   OpenAI Responses: a reasoning item (its text hidden, as OpenAI hides
 //!                      it), then a message `Echo: <last user text>`. input_tokens: the
-//!                      fragments of `instructions` and of every input text (at least 1), of
-//!                      which the instructions' are `cached_tokens` (a cached system prompt);
+//!                      fragments of `instructions` and of every input text and function
+//!                      output (at least 1), of which the instructions' are `cached_tokens`
+//!                      (a cached system prompt);
 //!                      output_tokens: the answer's plus the reasoning's (`reasoning_tokens`).
-//!                      `max_output_tokens` cuts the answer (status `incomplete`).
+//!                      `max_output_tokens` cuts the answer (status `incomplete`). Function
+//!                      calls (`tools.rs`) come after the reasoning item, in place of the
+//!                      message; the response states the request's tools and tool_choice.
 //!   POST …/messages    Anthropic Messages: `Echo: <last user text>`. The `system` text counts
 //!                      as cache_read_input_tokens, message text blocks marked `cache_control`
 //!                      as cache_creation_input_tokens, other message text as input_tokens (at
 //!                      least 1 in all); output_tokens: the answer's. `max_tokens` cuts it
-//!                      (stop_reason `max_tokens`).
+//!                      (stop_reason `max_tokens`). tool_use blocks (`tools.rs`) in place of
+//!                      the text; tool_result blocks are not counted.
 //!   POST …/messages/count_tokens  `{"input_tokens": <all three prompt counts>}`, and the
 //!                      model received in `x-demo-model` (the body has no room for it).
 //! Streams: one text delta per fragment (`agents.rs` of the upstream has the event shapes).
