@@ -1,11 +1,12 @@
 //! The demo model's tool calls, deterministic so that a suite can test a whole tool_use →
 //! tool_result turn through the gateway. When a request offers function tools, its
-//! `tool_choice` is not `"none"` and its last message (input item) is the user's, the model
-//! calls instead of writing: the function `tool_choice` names, else the first tool, else, when
-//! the user's text has the word `parallel` (any case), two tools or more are offered and
-//! `parallel_tool_calls` is not false, the first two. Every call's arguments are
-//! `{"text":"<the user's text>"}`, its id `call_<n>`, n counting the calls already in the
-//! conversation (unique over a conversation, the same for the same request).
+//! `tool_choice` is not none and its last message (input item) is the user's, the model calls
+//! instead of writing: the function `tool_choice` names; else, when the user's text has the
+//! word `parallel` (any case), two tools or more are offered and parallel calls are not turned
+//! off, the first two; else the first. Every call's arguments are `{"text":"<the user's
+//! text>"}`, its id `call_<n>` (the Responses item's `fc_<n>`, Anthropic's `toolu_<n>`), n
+//! counting the calls already in the conversation: unique over a conversation, the same for
+//! the same request.
 
 use serde_json::{json, Map, Value};
 
@@ -158,6 +159,7 @@ pub(super) fn chat_calls(
         .get("tool_choice")
         .and_then(|c| c.get("function")?.get("name")?.as_str());
     let first = (messages.iter())
+        .filter(|m| role(m) == Some("assistant"))
         .filter_map(|m| m.get("tool_calls")?.as_array().map(Vec::len))
         .sum();
     plan(names, Choice::openai(body, named), text, first)
