@@ -9,17 +9,22 @@
 //!              response.content_part.added, response.output_text.delta ×N,
 //!              response.output_text.done, response.content_part.done,
 //!              response.output_item.done, response.completed (the whole response, usage
-//!              included); each `data` has `type` and `sequence_number`
+//!              included); each `data` has `type` and `sequence_number`. A function call
+//!              (the demo model's) streams as output_item.added,
+//!              function_call_arguments.delta ×3, function_call_arguments.done,
+//!              output_item.done
 //!   Messages   message_start (usage with input tokens and output_tokens 1),
 //!              content_block_start, ping, content_block_delta ×N, content_block_stop,
 //!              message_delta (stop_reason, and usage: the cumulative output_tokens),
-//!              message_stop
+//!              message_stop; a tool_use block starts with `input: {}`, then
+//!              input_json_delta ×3
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
+use super::model::tools::Call;
 use super::openai::{stream, write_json, Pacing, Usage, CREATED};
 use super::wire::query_param;
 use super::{coding, Hit, State};
@@ -103,6 +108,8 @@ pub(super) struct Response<'a> {
     /// Answered after a reasoning item (its text never shown, as OpenAI hides it).
     pub reasoning: bool,
     pub deltas: Vec<&'a str>,
+    /// Function calls made instead of the message (the demo model's; never in `/oa/`).
+    pub calls: Vec<Call>,
     /// `incomplete` (cut by `max_output_tokens`) rather than `completed`.
     pub incomplete: bool,
     pub usage: Value,
@@ -137,7 +144,10 @@ impl Response<'_> {
         if self.reasoning {
             out.push(self.reasoning_item());
         }
-        out.push(self.message_item(true));
+        if self.calls.is_empty() {
+            out.push(self.message_item(true));
+        }
+        out.extend(self.calls.iter().map(|c| c.item(true)));
         out
     }
 
@@ -164,16 +174,7 @@ impl Response<'_> {
 
     /// The stream's events, numbered by `sequence_number`.
     pub fn events(&self) -> Vec<(String, Value)> {
-        let msg_id = format!("msg_{}", self.id);
         let m = usize::from(self.reasoning);
-        let text = self.deltas.concat();
-        let at = |extra: Value| {
-            let mut v = json!({"item_id": msg_id, "output_index": m, "content_index": 0});
-            v.as_object_mut()
-                .unwrap()
-                .extend(extra.as_object().unwrap().clone());
-            v
-        };
         let mut events = vec![
             ("response.created", json!({"response": self.object(false)})),
             (
@@ -192,14 +193,50 @@ impl Response<'_> {
                 json!({"output_index": 0, "item": item}),
             ));
         }
-        events.push((
-            "response.output_item.added",
-            json!({"output_index": m, "item": self.message_item(false)}),
-        ));
-        events.push((
-            "response.content_part.added",
-            at(json!({"part": self.part("")})),
-        ));
+        if self.calls.is_empty() {
+            events.extend(self.message_events(m));
+        }
+        for (i, call) in self.calls.iter().enumerate() {
+            events.extend(call.events(m + i));
+        }
+        let last = if self.incomplete {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        events.push((last, json!({"response": self.object(true)})));
+        events
+            .into_iter()
+            .enumerate()
+            .map(|(i, (kind, mut data))| {
+                data["type"] = json!(kind);
+                data["sequence_number"] = json!(i);
+                (kind.to_string(), data)
+            })
+            .collect()
+    }
+
+    /// The message item's events, as output item `m`.
+    fn message_events(&self, m: usize) -> Vec<(&'static str, Value)> {
+        let msg_id = format!("msg_{}", self.id);
+        let text = self.deltas.concat();
+        let at = |extra: Value| {
+            let mut v = json!({"item_id": msg_id, "output_index": m, "content_index": 0});
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            v
+        };
+        let mut events = vec![
+            (
+                "response.output_item.added",
+                json!({"output_index": m, "item": self.message_item(false)}),
+            ),
+            (
+                "response.content_part.added",
+                at(json!({"part": self.part("")})),
+            ),
+        ];
         for delta in &self.deltas {
             events.push((
                 "response.output_text.delta",
@@ -218,21 +255,7 @@ impl Response<'_> {
             "response.output_item.done",
             json!({"output_index": m, "item": self.message_item(true)}),
         ));
-        let last = if self.incomplete {
-            "response.incomplete"
-        } else {
-            "response.completed"
-        };
-        events.push((last, json!({"response": self.object(true)})));
         events
-            .into_iter()
-            .enumerate()
-            .map(|(i, (kind, mut data))| {
-                data["type"] = json!(kind);
-                data["sequence_number"] = json!(i);
-                (kind.to_string(), data)
-            })
-            .collect()
     }
 }
 
@@ -241,14 +264,21 @@ pub(super) struct Message<'a> {
     pub id: String,
     pub model: Value,
     pub deltas: Vec<&'a str>,
+    /// Tools used instead of the text (the demo model's; never in `/oa/`).
+    pub calls: Vec<Call>,
     pub stop_reason: &'static str,
     pub usage: MessagesUsage,
 }
 
 impl Message<'_> {
     pub fn object(&self) -> Value {
+        let content: Vec<Value> = if self.calls.is_empty() {
+            vec![json!({"type": "text", "text": self.deltas.concat()})]
+        } else {
+            self.calls.iter().map(|c| c.tool_use(true)).collect()
+        };
         json!({"id": format!("msg_{}", self.id), "type": "message", "role": "assistant",
-            "model": self.model, "content": [{"type": "text", "text": self.deltas.concat()}],
+            "model": self.model, "content": content,
             "stop_reason": self.stop_reason, "stop_sequence": null, "usage": self.usage.json()})
     }
 
@@ -261,17 +291,24 @@ impl Message<'_> {
         message["content"] = json!([]);
         message["stop_reason"] = Value::Null;
         message["usage"] = start_usage.json();
-        let mut events = vec![
-            json!({"type": "message_start", "message": message}),
-            json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}}),
-            json!({"type": "ping"}),
-        ];
-        events.extend(self.deltas.iter().map(|d| {
+        let mut blocks = vec![json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}})];
+        blocks.extend(self.deltas.iter().map(|d| {
             json!({"type": "content_block_delta", "index": 0,
                 "delta": {"type": "text_delta", "text": d}})
         }));
-        events.push(json!({"type": "content_block_stop", "index": 0}));
+        blocks.push(json!({"type": "content_block_stop", "index": 0}));
+        if !self.calls.is_empty() {
+            blocks = (self.calls.iter().enumerate())
+                .flat_map(|(i, c)| c.block_events(i))
+                .collect();
+        }
+        let mut events = vec![json!({"type": "message_start", "message": message})];
+        // A ping after the first block starts, as Anthropic sends it.
+        let mut blocks = blocks.into_iter();
+        events.extend(blocks.next());
+        events.push(json!({"type": "ping"}));
+        events.extend(blocks);
         events.push(json!({"type": "message_delta",
             "delta": {"stop_reason": self.stop_reason, "stop_sequence": null},
             "usage": {"output_tokens": self.usage.output}}));
@@ -321,6 +358,7 @@ fn oa_answer(endpoint: AgentEndpoint, model: Value, stream: bool, n: u64) -> Vec
                 max_output_tokens: Value::Null,
                 reasoning: false,
                 deltas,
+                calls: Vec::new(),
                 incomplete: false,
                 usage: responses_usage_json(&usage),
             };
@@ -339,6 +377,7 @@ fn oa_answer(endpoint: AgentEndpoint, model: Value, stream: bool, n: u64) -> Vec
                 id: "fake".into(),
                 model,
                 deltas,
+                calls: Vec::new(),
                 stop_reason: "end_turn",
                 usage,
             };

@@ -7,11 +7,22 @@
 //!                            `Echo: <last user text>`; image parts read as ` [image:<type>]`;
 //!                            `max_tokens` cuts the answer; with `stream` an SSE stream of one
 //!                            fragment per event, the token delay apart, then `data: [DONE]`;
-//!                            usage as OpenAI reports it, `include_usage` included (`text.rs`)
+//!                            usage as OpenAI reports it, `include_usage` included (`text.rs`);
+//!                            a `tool` message last: `Echo: <its text>`
 //!   POST …/completions       text completions: `Echo: <prompt>` per prompt, likewise
 //!   POST …/embeddings        1024 values per input, the same for the same text, L2-normalised
 //!   POST …/responses, …/messages, …/messages/count_tokens  the agent APIs (`agents.rs`)
 //!   other GET and POST       404; other methods 501
+//! Tool calls (`tools.rs`), on chat, Responses and Messages alike: with function tools offered,
+//! tool_choice not none and the user's message last, the model calls the tool tool_choice
+//! names, else the first, or the first two when the user's text has the word `parallel` and
+//! parallel calls are allowed; arguments `{"text":"<last user text>"}`; ids `call_<n>`
+//! (Responses items `fc_<n>`, Messages `toolu_<n>`), n counting the conversation's earlier
+//! calls from 0; finish_reason `tool_calls` (stop_reason `tool_use`); streamed as each call's
+//! id and name, then its arguments in three pieces; completion tokens: the fragments of all
+//! arguments joined, plus the reasoning's. A tool's result last is echoed as a user text is.
+//! Malformed chat and Responses bodies are refused (`check.rs`): 400 `{"error": {"message":
+//! "<the member>…", "type": "invalid_request_error", "param": null, "code": null}}`.
 //! A token is a fragment: a run of non-space characters and the spaces after it. Every answer
 //! carries `Set-Cookie: demo_session=abc`, which the gateway in front must strip, and OpenAI's
 //! account-wide `x-ratelimit-*` headers (`RATE_LIMIT_HEADERS`), which a gateway with budgets
@@ -28,8 +39,18 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 mod agents;
+mod check;
 mod python;
+#[cfg(test)]
+mod tests_agent_tools;
+#[cfg(test)]
+mod tests_check;
+#[cfg(test)]
+mod tests_tools;
+#[cfg(test)]
+mod tests_unchanged;
 mod text;
+pub(super) mod tools;
 
 use self::python::{py_str, py_truthy, PyRandom};
 use self::text::fragments;
@@ -73,11 +94,11 @@ enum Answer {
 enum Refusal {
     /// 400 with this message; the connection stays open.
     Bad(&'static str),
+    /// A malformed body (`check.rs`): 400 with this message, in OpenAI's full error shape.
+    Invalid(String),
     NotFound,
     /// This status and message, then the connection closes.
     Close(u16, String),
-    /// The request made the Python original raise: it closed the connection without an answer.
-    Crash(&'static str),
 }
 
 /// Answers one request; false when the connection must close.
@@ -141,16 +162,17 @@ pub(super) async fn answer(conn: &mut TcpStream, req: &Hit, state: &State, model
         Err(Refusal::Bad(message)) => {
             reply(conn, req, state, model, 400, &error(message), "").await
         }
+        Err(Refusal::Invalid(message)) => {
+            let body = json!({"error": {"message": message, "type": "invalid_request_error",
+                "param": null, "code": null}});
+            reply(conn, req, state, model, 400, &body, "").await
+        }
         Err(Refusal::NotFound) => {
             reply(conn, req, state, model, 404, &error("not found"), "").await
         }
         Err(Refusal::Close(code, message)) => {
             let close = "connection: close\r\n";
             reply(conn, req, state, model, code, &error(&message), close).await;
-            false
-        }
-        Err(Refusal::Crash(why)) => {
-            eprintln!("{} {}: no answer: {why}", req.method, req.target);
             false
         }
     };

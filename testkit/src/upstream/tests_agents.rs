@@ -335,3 +335,23 @@ fn the_demo_model_echoes_and_counts_on_the_agent_apis() {
     assert_eq!(resp.json(), json!({"input_tokens": 9}));
     assert_eq!(resp.header("x-demo-model"), Some("c-9"));
 }
+
+/// A malformed body is refused over HTTP in OpenAI's error shape; a tool call streams whole.
+#[test]
+fn the_demo_model_refuses_malformed_bodies_and_streams_tool_calls() {
+    let up = Upstream::model("demo", crate::net::local_addr(), Duration::ZERO);
+    let bad = r#"{"messages":[{"role":"user","content":"hi"},{"role":"tool","content":"x"}]}"#;
+    let resp = post(&up, "/v1/chat/completions", &[], bad);
+    assert_eq!(resp.status, 400);
+    assert_eq!(
+        resp.json(),
+        json!({"error": {"message": "messages[1].tool_call_id is required",
+            "type": "invalid_request_error", "param": null, "code": null}})
+    );
+    let body = json!({"input": "go", "stream": true,
+        "tools": [{"type": "function", "name": "f"}]});
+    let events = named_events(&post(&up, "/v1/responses", &[], &body.to_string()));
+    let done = &events.last().unwrap().1["response"];
+    assert_eq!(done["output"][1]["arguments"], r#"{"text":"go"}"#);
+    assert_eq!(done["output"][1]["call_id"], "call_0");
+}

@@ -2,15 +2,19 @@
 //! is a fragment, `text.rs`), so the SDK suite can state each count independently:
 //!   POST …/responses   OpenAI Responses: a reasoning item (its text hidden, as OpenAI hides
 //!                      it), then a message `Echo: <last user text>`. input_tokens: the
-//!                      fragments of `instructions` and of every input text (at least 1), of
-//!                      which the instructions' are `cached_tokens` (a cached system prompt);
+//!                      fragments of `instructions` and of every input text and function
+//!                      output (at least 1), of which the instructions' are `cached_tokens`
+//!                      (a cached system prompt);
 //!                      output_tokens: the answer's plus the reasoning's (`reasoning_tokens`).
-//!                      `max_output_tokens` cuts the answer (status `incomplete`).
+//!                      `max_output_tokens` cuts the answer (status `incomplete`). Function
+//!                      calls (`tools.rs`) come after the reasoning item, in place of the
+//!                      message; the response states the request's tools and tool_choice.
 //!   POST …/messages    Anthropic Messages: `Echo: <last user text>`. The `system` text counts
 //!                      as cache_read_input_tokens, message text blocks marked `cache_control`
 //!                      as cache_creation_input_tokens, other message text as input_tokens (at
 //!                      least 1 in all); output_tokens: the answer's. `max_tokens` cuts it
-//!                      (stop_reason `max_tokens`).
+//!                      (stop_reason `max_tokens`). tool_use blocks (`tools.rs`) in place of
+//!                      the text; tool_result blocks are not counted.
 //!   POST …/messages/count_tokens  `{"input_tokens": <all three prompt counts>}`, and the
 //!                      model received in `x-demo-model` (the body has no room for it).
 //! Streams: one text delta per fragment (`agents.rs` of the upstream has the event shapes).
@@ -18,7 +22,8 @@
 use serde_json::{json, Map, Value};
 
 use super::python::py_int;
-use super::text::{content_text, fragments, now};
+use super::text::{fragments, now};
+use super::{check, tools};
 use super::{received_model, Answer, Model, Refusal, REASONING};
 use crate::upstream::agents::{responses_usage_json, Message, MessagesUsage, Response};
 use crate::upstream::Usage;
@@ -37,49 +42,71 @@ fn cut<'a>(answer: Vec<&'a str>, max: Option<&Value>) -> (Vec<&'a str>, bool) {
     }
 }
 
-/// Each input item's role and text: a string input is one user message.
-fn input_texts(input: Option<&Value>) -> Result<Vec<(String, String)>, Refusal> {
-    match input {
-        Some(Value::String(s)) => Ok(vec![("user".into(), s.clone())]),
-        Some(Value::Array(items)) => Ok(items
+/// The text of parts: those with a `text` (input_text, output_text).
+fn parts_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
             .iter()
-            .filter_map(Value::as_object)
-            .map(|item| {
-                let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
-                // Parts are input_text / output_text; content_text reads `text` parts only.
-                let text = match item.get("content") {
-                    Some(Value::Array(parts)) => parts
-                        .iter()
-                        .filter_map(|p| p.get("text").and_then(Value::as_str))
-                        .collect(),
-                    other => content_text(other).unwrap_or_default(),
-                };
-                (role.to_string(), text)
-            })
-            .collect()),
-        _ => Err(Refusal::Bad("'input' must be a string or an array")),
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
     }
 }
 
+/// Each input item's role and text (`check.rs` has let the input through): a string input is
+/// one user message, a call has the role `function_call` and no text, its output the role
+/// `tool`; reasoning items are left out.
+fn input_texts(input: Option<&Value>) -> Vec<(String, String)> {
+    let items = match input {
+        Some(Value::String(s)) => return vec![("user".into(), s.clone())],
+        Some(Value::Array(items)) => items,
+        _ => return Vec::new(),
+    };
+    let kind = |item: &Value| item.get("type").and_then(Value::as_str).map(String::from);
+    (items.iter())
+        .filter_map(|item| match kind(item).as_deref() {
+            None | Some("message") => {
+                let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+                Some((role.to_string(), parts_text(item.get("content"))))
+            }
+            Some("function_call") => Some(("function_call".into(), String::new())),
+            Some("function_call_output") => Some(("tool".into(), parts_text(item.get("output")))),
+            _ => None,
+        })
+        .collect()
+}
+
 pub(super) fn responses(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
-    let texts = input_texts(body.get("input"))?;
-    let last_user = texts
-        .iter()
-        .rev()
-        .find(|(role, _)| role == "user")
-        .map_or("", |(_, t)| t.as_str());
+    let names = check::responses(body)?;
+    let texts = input_texts(body.get("input"));
+    let calls = tools::responses_calls(body, &names, &texts);
+    let echoed = match texts.last() {
+        Some((role, text)) if role == "tool" => text.as_str(),
+        _ => texts
+            .iter()
+            .rev()
+            .find(|(role, _)| role == "user")
+            .map_or("", |(_, t)| t.as_str()),
+    };
     let instructions = body
         .get("instructions")
         .and_then(Value::as_str)
         .unwrap_or("");
     let cached = fragments(instructions).len();
     let prompt = (cached + texts.iter().map(|(_, t)| fragments(t).len()).sum::<usize>()).max(1);
-    let answer_text = format!("Echo: {last_user}");
-    let (answer, incomplete) = cut(fragments(&answer_text), body.get("max_output_tokens"));
+    let answer_text = format!("Echo: {echoed}");
+    let (answer, incomplete, answer_tokens) = if calls.is_empty() {
+        let (answer, incomplete) = cut(fragments(&answer_text), body.get("max_output_tokens"));
+        let n = answer.len();
+        (answer, incomplete, n)
+    } else {
+        (Vec::new(), false, tools::tokens(&calls))
+    };
     let reasoning = fragments(REASONING).len();
     let usage = Usage {
         prompt: prompt as u64,
-        completion: (answer.len() + reasoning) as u64,
+        completion: (answer_tokens + reasoning) as u64,
         reasoning: reasoning as u64,
         cached: cached as u64,
     };
@@ -94,14 +121,22 @@ pub(super) fn responses(body: &Map<String, Value>, model: &Model) -> Result<Answ
             .unwrap_or(Value::Null),
         reasoning: true,
         deltas: answer,
+        calls,
         incomplete,
         usage: responses_usage_json(&usage),
     };
-    Ok(if streamed(body) {
-        Answer::Events(r.events())
-    } else {
-        Answer::Json(r.object(true))
-    })
+    if !streamed(body) {
+        let mut object = r.object(true);
+        tools::state_tools(body, &mut object);
+        return Ok(Answer::Json(object));
+    }
+    let mut events = r.events();
+    for (_, data) in &mut events {
+        if let Some(response) = data.get_mut("response") {
+            tools::state_tools(body, response);
+        }
+    }
+    Ok(Answer::Events(events))
 }
 
 /// The text of a `system` (a string or text blocks).
@@ -161,17 +196,31 @@ fn messages_prompt(body: &Map<String, Value>) -> Result<(MessagesUsage, String),
 
 pub(super) fn messages(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
     let (usage, last_user) = messages_prompt(body)?;
-    let answer_text = format!("Echo: {last_user}");
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let calls = tools::messages_calls(body, messages, &last_user);
+    let echoed = (messages.last())
+        .and_then(tools::tool_result_text)
+        .unwrap_or(last_user);
+    let answer_text = format!("Echo: {echoed}");
     let (answer, was_cut) = cut(fragments(&answer_text), body.get("max_tokens"));
+    let (output, stop_reason) = match (calls.is_empty(), was_cut) {
+        (false, _) => (tools::tokens(&calls), "tool_use"),
+        (true, true) => (answer.len(), "max_tokens"),
+        (true, false) => (answer.len(), "end_turn"),
+    };
     let m = Message {
         id: model.next_id("m").replace('-', "_"),
         model: json!(received_model(body)),
-        stop_reason: if was_cut { "max_tokens" } else { "end_turn" },
+        stop_reason,
         usage: MessagesUsage {
-            output: answer.len() as u64,
+            output: output as u64,
             ..usage
         },
         deltas: answer,
+        calls,
     };
     Ok(if streamed(body) {
         Answer::Events(m.events())

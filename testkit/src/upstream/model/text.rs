@@ -10,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{json, Map, Value};
 
 use super::python::{is_space, py_int, py_str, py_truthy};
+use super::{check, tools};
 use super::{received_model, Answer, Model, Refusal, REASONING};
 
 impl Model {
@@ -60,26 +61,18 @@ fn with_usage(mut chunks: Vec<Value>, body: &Map<String, Value>, usage: Value) -
 }
 
 pub(super) fn chat(body: &Map<String, Value>, model: &Model) -> Result<Answer, Refusal> {
-    let messages = match body.get("messages") {
-        Some(Value::Array(m)) if m.iter().all(Value::is_object) => m,
-        _ => {
-            return Err(Refusal::Bad(
-                "'messages' must be an array of message objects",
-            ))
-        }
+    let names = check::chat(body)?;
+    let Some(Value::Array(messages)) = body.get("messages") else {
+        return Err(Refusal::Bad(
+            "'messages' must be an array of message objects",
+        ));
     };
-    let texts = messages
+    let texts: Vec<String> = messages
         .iter()
         .map(|m| content_text(m.get("content")))
-        .collect::<Option<Vec<String>>>()
-        .ok_or(Refusal::Crash("an image_url whose url is not a string"))?;
-    let last_user = messages
-        .iter()
-        .zip(&texts)
-        .rev()
-        .find(|(m, _)| m.get("role").and_then(Value::as_str) == Some("user"))
-        .map_or("", |(_, text)| text.as_str());
-    let answer_text = format!("Echo: {last_user}");
+        .collect();
+    let calls = tools::chat_calls(body, &names, messages, &texts);
+    let answer_text = format!("Echo: {}", tools::chat_echoed(messages, &texts));
     let mut answer = fragments(&answer_text);
     let mut finish = "stop";
     if let Some(max) = py_int(body.get("max_tokens")) {
@@ -101,12 +94,23 @@ pub(super) fn chat(body: &Map<String, Value>, model: &Model) -> Result<Answer, R
         .map(|t| fragments(t).len())
         .sum::<usize>()
         .max(1);
-    let usage = usage(prompt, answer.len(), reasoning.len());
+    let answer_tokens = if calls.is_empty() {
+        answer.len()
+    } else {
+        finish = "tool_calls";
+        tools::tokens(&calls)
+    };
+    let usage = usage(prompt, answer_tokens, reasoning.len());
     let (id, created) = (model.next_id("chatcmpl"), now());
     let model_name = received_model(body);
 
     if !py_truthy(body.get("stream")) {
-        let mut message = json!({"role": "assistant", "content": answer.concat()});
+        let mut message = if calls.is_empty() {
+            json!({"role": "assistant", "content": answer.concat()})
+        } else {
+            json!({"role": "assistant", "content": null,
+                "tool_calls": tools::chat_tool_calls(&calls)})
+        };
         if thinking {
             message["reasoning_content"] = json!(REASONING);
         }
@@ -119,13 +123,22 @@ pub(super) fn chat(body: &Map<String, Value>, model: &Model) -> Result<Answer, R
             "model": model_name,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
     };
+    // The first chunk as vLLM sends it, calls or not.
     let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
     chunks.extend(
         reasoning
             .iter()
             .map(|f| chunk(json!({"reasoning_content": f}), None)),
     );
-    chunks.extend(answer.iter().map(|f| chunk(json!({"content": f}), None)));
+    if calls.is_empty() {
+        chunks.extend(answer.iter().map(|f| chunk(json!({"content": f}), None)));
+    } else {
+        chunks.extend(
+            tools::chat_deltas(&calls)
+                .into_iter()
+                .map(|d| chunk(d, None)),
+        );
+    }
     chunks.push(chunk(json!({}), Some(finish)));
     Ok(Answer::Stream(with_usage(chunks, body, usage)))
 }
@@ -208,39 +221,31 @@ pub(super) fn fragments(text: &str) -> Vec<&str> {
     out
 }
 
-/// A message's text: a string, or its parts joined. None where the Python raised.
-pub(super) fn content_text(content: Option<&Value>) -> Option<String> {
+/// A message's text: a string, or its parts joined (parts as `check.rs` let them through).
+pub(super) fn content_text(content: Option<&Value>) -> String {
     match content {
-        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts.iter().map(part_text).collect(),
-        _ => Some(String::new()),
+        _ => String::new(),
     }
 }
 
-fn part_text(part: &Value) -> Option<String> {
-    let Value::Object(part) = part else {
-        return Some(String::new());
-    };
+fn part_text(part: &Value) -> String {
     match part.get("type").and_then(Value::as_str) {
-        Some("text") => Some(part.get("text").map_or(String::new(), py_str)),
+        Some("text") => part.get("text").map_or(String::new(), py_str),
         Some("image_url") => {
-            let url = match part.get("image_url") {
-                Some(Value::Object(img)) => match img.get("url") {
-                    None => "",
-                    Some(Value::String(url)) => url.as_str(),
-                    Some(_) => return None,
-                },
-                Some(Value::String(url)) => url.as_str(),
-                _ => "",
-            };
+            let url = part
+                .get("image_url")
+                .and_then(|image| image.get("url")?.as_str())
+                .unwrap_or("");
             // A data: URL names its media type: up to the first `;` or `,`.
             let media = url
                 .strip_prefix("data:")
                 .map(|rest| &rest[..rest.find([';', ',']).unwrap_or(rest.len())])
                 .filter(|m| !m.is_empty());
-            Some(format!(" [image:{}]", media.unwrap_or("url")))
+            format!(" [image:{}]", media.unwrap_or("url"))
         }
-        _ => Some(String::new()),
+        _ => String::new(),
     }
 }
 
