@@ -34,7 +34,7 @@ pub use observe::logging::init as init_logging;
 
 // Benchmarks and property tests of the request path's parts.
 pub use api::{affinity_body_key, affinity_session_key};
-pub use api::{plan as plan_body, Api, Endpoint, Models};
+pub use api::{plan as plan_body, Api, Bridge, Endpoint, Models};
 pub use api::{Encoding, Framing, UsageContainer, UsageScanner};
 pub use auth::api_keys::{create_key, ApiKeyVerifier};
 pub use auth::jwt::JwtVerifier;

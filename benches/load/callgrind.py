@@ -18,7 +18,12 @@ own), by a key without budget and by a budgeted one (stages_budgets.py):
                                       tokens_per_day (a reserve and an adjust script through Redis)
   ir_budget_infer, ir_budget_rpd      service `infer` (no api): no budget, and requests_per_day
                                       (a reserve script only)
-(profiles budget-*.out). Either way it keeps the raw profiles under $OUT (default bench-results/callgrind/) for
+(profiles budget-*.out). With the argument `translate` it counts the same upstream chat stream
+(metering on, usage asked, as the bridge asks) passed through to a chat client and translated for
+a Messages client (`translate = { messages = "chat" }`) and a Responses one (`{ responses =
+"chat" }`): ir_translate_chat, ir_translate_messages, ir_translate_responses, and their ratios
+to the passed-through stream, translate_ratio_messages and translate_ratio_responses (target ≤ 1.25).
+Either way it keeps the raw profiles under $OUT (default bench-results/callgrind/) for
 callgrind_annotate. Knobs: CG_REQUESTS (2000), CG_WARMUP (300); BIN, EX, FLOOR and CONFIG_BIN
 (the test kit's gateway-config, which writes the gateway's TOML) to reuse binaries already built
 (otherwise it builds them). The load benchmark (run.py) uses measure() and create_key().
@@ -52,6 +57,15 @@ STREAM_BODY = BODY[:-1] + ',"stream":true}'
 STREAM_USAGE_BODY = BODY[:-1] + ',"stream":true,"stream_options":{"include_usage":true}}'
 # (name, service, body): the streamed chats counted by measure_streams.
 STREAM_RUNS = [("off", "infer", STREAM_BODY), ("on", "metered", STREAM_BODY), ("asked", "metered", STREAM_USAGE_BODY)]
+MESSAGES_STREAM_BODY = ('{"model":"bench","max_tokens":16,"stream":true,'
+                        '"messages":[{"role":"user","content":"Say hello."}]}')
+RESPONSES_STREAM_BODY = '{"model":"bench","max_output_tokens":16,"stream":true,"input":"Say hello."}'
+# (name, service, body, path): the streams counted by measure_translate.
+TRANSLATE_RUNS = [
+    ("chat", "metered", STREAM_USAGE_BODY, "/v1/metered/v1/chat/completions"),
+    ("messages", "bridge_messages", MESSAGES_STREAM_BODY, "/v1/bridge_messages/v1/messages"),
+    ("responses", "bridge_responses", RESPONSES_STREAM_BODY, "/v1/bridge_responses/v1/responses"),
+]
 # (name, service, the key's budget flags): the chats counted by measure_budgets. The limits are
 # far above anything the count can use: never refused.
 BUDGET_RUNS = [
@@ -70,7 +84,7 @@ def ensure_valgrind(log):
         apt_install(["valgrind"], log)
 
 
-def measure(tools, out_dir, requests, warmup, log, streams=False, budgets=False):
+def measure(tools, out_dir, requests, warmup, log, streams=False, budgets=False, translate=False):
     """{ir_floor, ir_key, hook_<name>…}: instructions per request of the patched floor and the
     gateway, and of each of the gateway's hooks; profiles left in out_dir. With streams:
     {ir_stream_off, ir_stream_on, ir_stream_asked} instead (Session.run_streams); with budgets:
@@ -83,6 +97,8 @@ def measure(tools, out_dir, requests, warmup, log, streams=False, budgets=False)
             session = Session(tools, Path(work), out_dir, requests, warmup, procs, log)
             if budgets:
                 return session.run_budgets()
+            if translate:
+                return session.run_translate()
             return session.run_streams() if streams else session.run()
         finally:
             procs.close()
@@ -135,8 +151,24 @@ class Session:
         config.write_text(self.gateway_config(gw_port, up_port, metered=True))
         self.key = create_key(self.tools.gateway, config, "callgrind")
         self.log(f"gateway under callgrind, streamed chats off / on / asked ({self.requests} each after {self.warmup})")
-        runs = [(name, service, body, self.key) for name, service, body in STREAM_RUNS]
+        runs = [(name, service, body, self.key, None) for name, service, body in STREAM_RUNS]
         return self.count_runs("stream", config, gw_port, runs)
+
+    def run_translate(self):
+        """One gateway under callgrind with the bridge's services; each of TRANSLATE_RUNS
+        warmed up, then counted alone; the ratios to the stream passed through."""
+        up_port = self.start_upstream()
+        gw_port = free_port()
+        config = self.work / "portcullis.toml"
+        config.write_text(self.gateway_config(gw_port, up_port, metered=True, bridge=True))
+        self.key = create_key(self.tools.gateway, config, "callgrind")
+        self.log(f"gateway under callgrind, one chat stream passed through and translated ({self.requests} each after {self.warmup})")
+        runs = [(name, service, body, self.key, path) for name, service, body, path in TRANSLATE_RUNS]
+        figures = self.count_runs("translate", config, gw_port, runs)
+        for name in ("messages", "responses"):
+            ratio = figures[f"ir_translate_{name}"] / figures["ir_translate_chat"]
+            figures[f"translate_ratio_{name}"] = f"{ratio:.3f}"
+        return figures
 
     def run_budgets(self):
         """One gateway with [budgets] and [rate_limits] redis under callgrind (a redis-server
@@ -157,13 +189,14 @@ class Session:
         gw_port = free_port()
         config = self.work / "portcullis.toml"
         config.write_text(self.gateway_config(gw_port, up_port, metered=True, redis_port=redis_port))
-        runs = [(name, service, BODY, create_key(self.tools.gateway, config, f"callgrind-{name}", *flags))
+        runs = [(name, service, BODY, create_key(self.tools.gateway, config, f"callgrind-{name}", *flags), None)
                 for name, service, flags in BUDGET_RUNS]
         self.log(f"gateway under callgrind, chats without and with budgets ({self.requests} each after {self.warmup})")
         return self.count_runs("budget", config, gw_port, runs)
 
     def count_runs(self, kind, config, gw_port, runs):
-        """The gateway under callgrind; each run (name, service, body, key) warmed up, then
+        """The gateway under callgrind; each run (name, service, body, key, path or None for
+        the service's chat path) warmed up, then
         counted alone between a zeroing and a dump of the counters → {ir_<kind>_<name>}, the
         profiles in OUT/<kind>-<name>.out."""
         proc = self.procs.start(
@@ -174,12 +207,12 @@ class Session:
             stderr=subprocess.STDOUT,
         )
         wait_http(f"http://127.0.0.1:{gw_port}/healthz", 60)
-        for _, service, body, key in runs:
-            self.drive(gw_port, self.warmup, service, body, key)
+        for _, service, body, key, path in runs:
+            self.drive(gw_port, self.warmup, service, body, key, path)
         figures = {}
-        for name, service, body, key in runs:
+        for name, service, body, key, path in runs:
             control("-z", proc.pid)
-            self.drive(gw_port, self.requests, service, body, key)
+            self.drive(gw_port, self.requests, service, body, key, path)
             control("-d", proc.pid)
             dumps = sorted(self.work.glob(f"{kind}.{proc.pid}*"))
             if not dumps:
@@ -192,19 +225,19 @@ class Session:
         self.procs.stop(proc, sig=signal.SIGKILL, grace_s=5)
         return figures
 
-    def gateway_config(self, gw_port, up_port, metered=False, redis_port=None):
+    def gateway_config(self, gw_port, up_port, metered=False, redis_port=None, bridge=False):
         """configs.callgrind: `infer` alone; `metered`: and the service `metered`; `redis_port`:
-        with [budgets] and [rate_limits] on that Redis."""
+        with [budgets] and [rate_limits] on that Redis; `bridge`: and the translated services."""
         return configs.callgrind(self.tools.config_writer, self.work, gw_port, free_port(), up_port,
-                                 metered, redis_port)
+                                 metered, redis_port, bridge)
 
-    def drive(self, port, count, service="infer", body=BODY, key=None):
-        """count sequential chat POSTs through port (by the session's key unless `key`), each
-        checked to be a 200 by loadgen."""
+    def drive(self, port, count, service="infer", body=BODY, key=None, path=None):
+        """count sequential chat POSTs through port (by the session's key unless `key`; to
+        `path` rather than the service's chat path), each checked to be a 200 by loadgen."""
         done = subprocess.run(
             [
                 str(self.tools.loadgen), "count", "--addr", f"127.0.0.1:{port}", "--method", "POST",
-                "--path", f"/v1/{service}/v1/chat/completions",
+                "--path", path or f"/v1/{service}/v1/chat/completions",
                 "--header", f"authorization: Bearer {key or self.key}", "--header", "content-type: application/json",
                 "--body", body, "--count", str(count),
             ],
@@ -293,10 +326,11 @@ def main():
 
     streams = sys.argv[1:] == ["streams"]
     budgets = sys.argv[1:] == ["budgets"]
+    translate = sys.argv[1:] == ["translate"]
     try:
         ensure_valgrind(log)
         if not os.environ.get("BIN"):
-            binaries.build(log, unpatched_floor=False, floor=not (streams or budgets))
+            binaries.build(log, unpatched_floor=False, floor=not (streams or budgets or translate))
         tools = binaries.Tools.built(os.environ.get("BIN"), os.environ.get("EX"), os.environ.get("FLOOR"),
                                      os.environ.get("CONFIG_BIN"))
         figures = measure(
@@ -307,6 +341,7 @@ def main():
             log,
             streams=streams,
             budgets=budgets,
+            translate=translate,
         )
     except BenchError as e:
         print(f"callgrind: error: {e}", file=sys.stderr)

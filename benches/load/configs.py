@@ -48,13 +48,22 @@ def gateway(writer, w, gw_port, metrics_port, up_port, dead_port, redis_port, is
     return gateway_config.render(description, writer)
 
 
-def callgrind(writer, w, gw_port, metrics_port, up_port, metered=False, redis_port=None):
+def callgrind(writer, w, gw_port, metrics_port, up_port, metered=False, redis_port=None, bridge=False):
     """callgrind.py's gateway: `infer` alone, access log off; `metered`: and the service `metered`
-    (api = "openai"); `redis_port`: with [budgets] and [rate_limits] on that Redis."""
+    (api = "openai"); `redis_port`: with [budgets] and [rate_limits] on that Redis; `bridge`: and
+    the translated services `bridge_messages` (messages = "chat") and `bridge_responses`
+    (responses = "chat") on the same upstream."""
     up = f"http://127.0.0.1:{up_port}"
     services = [{"name": "infer", "upstream": up}]
     if metered:
         services.append({"name": "metered", "upstream": up, "scope": "infer", "api": "openai"})
+    if bridge:
+        services += [
+            {"name": "bridge_messages", "upstream": up, "scope": "infer", "api": "anthropic",
+             "translate": {"messages": "chat"}},
+            {"name": "bridge_responses", "upstream": up, "scope": "infer", "api": "openai",
+             "translate": {"responses": "chat"}},
+        ]
     description = {"dir": str(w), "port": gw_port, "metrics_port": metrics_port, "server": {"threads": 1},
                    "access_log": {"destination": "off"}, "services": services}
     if redis_port:

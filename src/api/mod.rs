@@ -33,6 +33,7 @@ mod usage;
 pub(crate) use conversation::WINDOW as CONVERSATION_WINDOW;
 pub use conversation::{body_key as affinity_body_key, session_key as affinity_session_key};
 pub use endpoint::{Api, Endpoint};
+pub use exchange::Bridge;
 pub(crate) use exchange::Exchange;
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use policy::{apply, Applied};

@@ -17,6 +17,7 @@ use pingora::Result;
 
 pub(crate) use metered::Charged;
 use metered::Metered;
+pub use translated::Bridge;
 use translated::Translated;
 
 use super::{plan_capped, BodyError, CapRule, Edit, Endpoint, Models, Pair, USAGE_MAX_GROWTH};

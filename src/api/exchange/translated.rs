@@ -137,3 +137,33 @@ fn whole(pair: Pair, status: u16, bytes: &[u8], asked: &Asked) -> Vec<u8> {
     };
     serde_json::to_vec(&converted).unwrap_or_default()
 }
+
+/// The bridge's converters as the benchmarks drive them (`benches/translate.rs`): a
+/// translated call's request, then its streamed answer, through the request path's own code.
+pub struct Bridge(Translated);
+
+impl Bridge {
+    /// The pair named as the access log names it (`messages>chat`).
+    pub fn named(pair: &str) -> Option<Bridge> {
+        Pair::named(pair).map(|pair| Bridge(Translated::new(pair)))
+    }
+
+    /// The client's request body in the upstream's dialect, or why not.
+    pub fn request(&mut self, body: &[u8]) -> Result<Vec<u8>, String> {
+        self.0.request(body).map_err(|e| e.message().to_string())
+    }
+
+    /// The upstream's answer starts: an event stream, converted as it comes.
+    pub fn stream(&mut self) {
+        let mut head = ResponseHeader::build(200, None).expect("a 200 head");
+        let _ = head.insert_header(http::header::CONTENT_TYPE, "text/event-stream");
+        let _ = self.0.head(&mut head, true, http::Version::HTTP_11);
+    }
+
+    /// One chunk of the upstream's stream in, what the client gets for it out.
+    pub fn chunk(&mut self, chunk: Bytes, end: bool) -> Bytes {
+        let mut body = Some(chunk);
+        self.0.chunk(&mut body, end);
+        body.unwrap_or_default()
+    }
+}

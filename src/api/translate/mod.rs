@@ -5,6 +5,7 @@
 //! call's `api::Exchange` converts its body, its answer and its stream with the pair's row of
 //! `Converters`; the proxy only sends it to the target endpoint's path (`forward_path`).
 
+mod chat_chunk;
 pub(crate) mod messages_chat;
 pub(crate) mod responses_chat;
 pub(crate) mod sse;
@@ -196,6 +197,11 @@ impl Pair {
             ));
         }
         Ok(pair)
+    }
+
+    /// The pair the access log and the metrics name `name`.
+    pub(crate) fn named(name: &str) -> Option<Pair> {
+        ALL.into_iter().find(|p| p.row().name == name)
     }
 
     /// As the access log and the metrics name it: `messages>chat`.

@@ -78,6 +78,12 @@ pub(crate) fn write(out: &mut Vec<u8>, name: Option<&str>, data: &Value) {
     out.extend_from_slice(b"\n\n");
 }
 
+/// Writes `text` as a JSON string.
+pub(crate) fn write_str(out: &mut Vec<u8>, text: &str) {
+    // Writing to a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, text);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

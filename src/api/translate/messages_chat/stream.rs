@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use super::answer::message_id;
 use super::{stop_reason, usage};
+use crate::api::translate::chat_chunk::{CallDelta, ChatChunk};
 use crate::api::translate::{sse, StreamConvert};
 
 /// The block being streamed.
@@ -59,10 +60,10 @@ impl StreamConvert for StreamToMessages {
             }
             return;
         }
-        let Ok(chunk) = serde_json::from_slice::<Value>(data) else {
+        let Some(chunk) = ChatChunk::read(data) else {
             return;
         };
-        if let Some(error) = chunk.get("error") {
+        if let Some(error) = &chunk.error {
             let message = error["message"]
                 .as_str()
                 .map_or_else(|| error.to_string(), str::to_string);
@@ -70,26 +71,21 @@ impl StreamConvert for StreamToMessages {
             return;
         }
         self.start(&chunk, out);
-        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.usage = Some(usage.clone());
+        if chunk.usage.is_some() {
+            self.usage = chunk.usage;
         }
-        let choice = &chunk["choices"][0];
-        let delta = &choice["delta"];
-        let reasoning = delta["reasoning_content"]
-            .as_str()
-            .or(delta["reasoning"].as_str());
-        if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+        if let Some(text) = chunk.reasoning.as_deref().filter(|t| !t.is_empty()) {
             self.open(Block::Thinking, out);
-            self.delta(json!({"type": "thinking_delta", "thinking": text}), out);
+            self.delta("thinking_delta", "thinking", text, out);
         }
-        if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+        if let Some(text) = chunk.content.as_deref().filter(|t| !t.is_empty()) {
             self.open(Block::Text, out);
-            self.delta(json!({"type": "text_delta", "text": text}), out);
+            self.delta("text_delta", "text", text, out);
         }
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+        for call in &chunk.tool_calls {
             self.tool_call(call, out);
         }
-        if let Some(finish) = choice["finish_reason"].as_str() {
+        if let Some(finish) = chunk.finish_reason.as_deref() {
             self.stop_reason = Some(stop_reason(finish));
         }
     }
@@ -129,42 +125,34 @@ impl StreamToMessages {
         }
     }
 
-    fn tool_call(&mut self, call: &Value, out: &mut Vec<u8>) {
-        let index = call["index"].as_u64().unwrap_or(0);
-        if self.block != Block::Tool(index) {
-            if self.last_tool.is_some_and(|last| index <= last) {
+    fn tool_call(&mut self, call: &CallDelta, out: &mut Vec<u8>) {
+        if self.block != Block::Tool(call.index) {
+            if self.last_tool.is_some_and(|last| call.index <= last) {
                 return; // its block was closed: Messages cannot reopen it
             }
             self.close(out);
-            let function = &call["function"];
             let block = json!({
                 "type": "tool_use",
-                "id": call["id"].clone(),
-                "name": function["name"].clone(),
+                "id": call.id.as_deref(),
+                "name": call.name.as_deref(),
                 "input": {},
             });
-            self.begin(Block::Tool(index), block, out);
-            self.last_tool = Some(index);
+            self.begin(Block::Tool(call.index), block, out);
+            self.last_tool = Some(call.index);
         }
-        if let Some(part) = call["function"]["arguments"]
-            .as_str()
-            .filter(|a| !a.is_empty())
-        {
-            self.delta(
-                json!({"type": "input_json_delta", "partial_json": part}),
-                out,
-            );
+        if let Some(part) = call.arguments.as_deref().filter(|a| !a.is_empty()) {
+            self.delta("input_json_delta", "partial_json", part, out);
         }
     }
 
-    fn start(&mut self, chunk: &Value, out: &mut Vec<u8>) {
+    fn start(&mut self, chunk: &ChatChunk, out: &mut Vec<u8>) {
         if self.started {
             return;
         }
         self.started = true;
-        let model = chunk["model"].as_str().unwrap_or(&self.model);
+        let model = chunk.model.as_deref().unwrap_or(&self.model);
         let message = json!({
-            "id": message_id(chunk["id"].as_str()),
+            "id": message_id(chunk.id.as_deref()),
             "type": "message",
             "role": "assistant",
             "model": model,
@@ -199,10 +187,19 @@ impl StreamToMessages {
         self.block = kind;
     }
 
-    fn delta(&self, delta: Value, out: &mut Vec<u8>) {
-        let index = self.next_index;
-        let event_body = json!({"type": "content_block_delta", "index": index, "delta": delta});
-        event(out, "content_block_delta", &event_body);
+    /// A delta of the open block, written as it is read: one per token.
+    fn delta(&self, kind: &str, field: &str, text: &str, out: &mut Vec<u8>) {
+        out.extend_from_slice(
+            b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":",
+        );
+        out.extend_from_slice(itoa::Buffer::new().format(self.next_index).as_bytes());
+        out.extend_from_slice(b",\"delta\":{\"type\":\"");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\",\"");
+        out.extend_from_slice(field.as_bytes());
+        out.extend_from_slice(b"\":");
+        sse::write_str(out, text);
+        out.extend_from_slice(b"}}\n\n");
     }
 
     fn close(&mut self, out: &mut Vec<u8>) {

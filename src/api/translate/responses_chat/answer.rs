@@ -36,7 +36,7 @@ pub(crate) fn to_response(chat: &Value, asked: &Asked) -> Value {
     }
     let model = chat["model"].as_str().unwrap_or(&asked.model);
     let (status, incomplete) = status(choice["finish_reason"].as_str());
-    let mut response = envelope(&id, &chat["created"], model, status);
+    let mut response = envelope(&id, chat["created"].as_u64(), model, status);
     response["incomplete_details"] = incomplete;
     response["output"] = Value::Array(output);
     response["usage"] = usage(chat.get("usage"));

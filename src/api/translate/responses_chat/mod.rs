@@ -50,11 +50,11 @@ fn usage(chat: Option<&Value>) -> Value {
 }
 
 /// The response object around `output`, with the members the SDKs' models expect.
-fn envelope(id: &str, created: &Value, model: &str, status: &str) -> Value {
+fn envelope(id: &str, created: Option<u64>, model: &str, status: &str) -> Value {
     json!({
         "id": id,
         "object": "response",
-        "created_at": created.as_u64().unwrap_or(0),
+        "created_at": created.unwrap_or(0),
         "status": status,
         "error": null,
         "incomplete_details": null,

@@ -15,6 +15,7 @@
 use serde_json::{json, Value};
 
 use super::{call_item, envelope, message_item, reasoning_item, response_id, status, usage};
+use crate::api::translate::chat_chunk::{CallDelta, ChatChunk};
 use crate::api::translate::{sse, Asked, StreamConvert};
 
 /// The output item being streamed.
@@ -40,7 +41,7 @@ pub(crate) struct StreamToResponses {
     /// The response's id, and the items' (the chat id), once the first chunk came.
     id: String,
     item_id: String,
-    created: Value,
+    created: Option<u64>,
     sequence: u64,
     /// The items done, for `response.completed`.
     output: Vec<Value>,
@@ -63,34 +64,31 @@ impl StreamConvert for StreamToResponses {
             self.end(out);
             return;
         }
-        let Ok(chunk) = serde_json::from_slice::<Value>(data) else {
+        let Some(chunk) = ChatChunk::read(data) else {
             return;
         };
         self.start(&chunk, out);
-        if let Some(error) = chunk.get("error") {
+        if let Some(error) = &chunk.error {
             let message = error["message"]
                 .as_str()
                 .map_or_else(|| error.to_string(), str::to_string);
             self.fail(out, &message);
             return;
         }
-        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.usage = Some(usage.clone());
+        if chunk.usage.is_some() {
+            self.usage = chunk.usage;
         }
-        let choice = &chunk["choices"][0];
-        let delta = &choice["delta"];
-        let reasoning = (delta["reasoning_content"].as_str()).or(delta["reasoning"].as_str());
-        if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+        if let Some(text) = chunk.reasoning.as_deref().filter(|t| !t.is_empty()) {
             self.reasoning(text, out);
         }
-        if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+        if let Some(text) = chunk.content.as_deref().filter(|t| !t.is_empty()) {
             self.text(text, out);
         }
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+        for call in &chunk.tool_calls {
             self.tool_call(call, out);
         }
-        if let Some(finish) = choice["finish_reason"].as_str() {
-            self.finish = Some(finish.to_string());
+        if let Some(finish) = chunk.finish_reason {
+            self.finish = Some(finish.into_owned());
         }
     }
 
@@ -133,7 +131,7 @@ impl StreamToResponses {
             },
             id: String::new(),
             item_id: String::new(),
-            created: Value::Null,
+            created: None,
             sequence: 0,
             output: Vec::new(),
             open: Open::None,
@@ -146,19 +144,19 @@ impl StreamToResponses {
         }
     }
 
-    fn start(&mut self, chunk: &Value, out: &mut Vec<u8>) {
+    fn start(&mut self, chunk: &ChatChunk, out: &mut Vec<u8>) {
         if self.started {
             return;
         }
         self.started = true;
-        self.id = response_id(chunk["id"].as_str());
+        self.id = response_id(chunk.id.as_deref());
         self.item_id = self
             .id
             .strip_prefix("resp_")
             .unwrap_or(&self.id)
             .to_string();
-        self.created = chunk["created"].clone();
-        if let Some(model) = chunk["model"].as_str() {
+        self.created = chunk.created;
+        if let Some(model) = chunk.model.as_deref() {
             self.model = model.to_string();
         }
         let response = self.response("in_progress");
@@ -211,23 +209,19 @@ impl StreamToResponses {
         if let Open::Message(all) = &mut self.open {
             all.push_str(text);
         }
-        let delta = json!({"delta": text, "logprobs": []});
-        self.part_event(out, "response.output_text.delta", "msg", delta);
+        self.delta(out, "response.output_text.delta", "msg", text);
     }
 
-    fn tool_call(&mut self, call: &Value, out: &mut Vec<u8>) {
-        let index = call["index"].as_u64().unwrap_or(0);
+    fn tool_call(&mut self, call: &CallDelta, out: &mut Vec<u8>) {
+        let index = call.index;
         let open_here = matches!(&self.open, Open::Call { index: i, .. } if *i == index);
         if !open_here {
             if self.last_tool.is_some_and(|last| index <= last) {
                 return; // its item is done: a Responses stream cannot reopen it
             }
             self.close(out);
-            let call_id = call["id"].as_str().unwrap_or_default().to_string();
-            let name = call["function"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
+            let call_id = call.id.as_deref().unwrap_or_default().to_string();
+            let name = call.name.as_deref().unwrap_or_default().to_string();
             let item = call_item(&self.asked, &call_id, &name, "", "in_progress");
             let freeform = item["type"] == "custom_tool_call";
             self.added(out, item);
@@ -240,14 +234,10 @@ impl StreamToResponses {
             };
             self.last_tool = Some(index);
         }
-        let Some(part) = call["function"]["arguments"]
-            .as_str()
-            .filter(|a| !a.is_empty())
-        else {
+        let Some(part) = call.arguments.as_deref().filter(|a| !a.is_empty()) else {
             return;
         };
         let Open::Call {
-            call_id,
             arguments,
             freeform,
             ..
@@ -257,13 +247,7 @@ impl StreamToResponses {
         };
         arguments.push_str(part);
         if !*freeform {
-            let item_id = format!("fc_{call_id}");
-            self.item_event(
-                out,
-                "response.function_call_arguments.delta",
-                &item_id,
-                json!({"delta": part}),
-            );
+            self.delta(out, "response.function_call_arguments.delta", "fc", part);
         }
     }
 
@@ -352,7 +336,7 @@ impl StreamToResponses {
         } else {
             self.id.clone()
         };
-        let mut response = envelope(&id, &self.created, &self.model, status);
+        let mut response = envelope(&id, self.created, &self.model, status);
         response["output"] = Value::Array(self.output.clone());
         response
     }
@@ -364,6 +348,38 @@ impl StreamToResponses {
             "response.output_item.added",
             json!({"output_index": output_index, "item": item}),
         );
+    }
+
+    /// A delta of the open item, written as it is read: one per token. Text has its one
+    /// content part; a function call's arguments none. `prefix` names the item.
+    fn delta(&mut self, out: &mut Vec<u8>, kind: &str, prefix: &str, text: &str) {
+        let number = |out: &mut Vec<u8>, n: u64| {
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        };
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\ndata: {\"type\":\"");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\",\"sequence_number\":");
+        number(out, self.sequence);
+        self.sequence += 1;
+        out.extend_from_slice(b",\"item_id\":");
+        let item_id = match &self.open {
+            Open::Call { call_id, .. } => format!("{prefix}_{call_id}"),
+            _ => format!("{prefix}_{}", self.item_id),
+        };
+        sse::write_str(out, &item_id);
+        out.extend_from_slice(b",\"output_index\":");
+        number(out, self.output.len() as u64);
+        if prefix != "fc" {
+            out.extend_from_slice(b",\"content_index\":0");
+        }
+        out.extend_from_slice(b",\"delta\":");
+        sse::write_str(out, text);
+        if prefix == "msg" {
+            out.extend_from_slice(b",\"logprobs\":[]");
+        }
+        out.extend_from_slice(b"}\n\n");
     }
 
     /// An event on the open item's one content part (`rs` or `msg` names the item).
