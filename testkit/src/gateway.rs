@@ -223,6 +223,23 @@ impl Gateway {
         String::from_utf8(body).unwrap()
     }
 
+    /// The metrics once they hold every one of `lines` (a request's are counted once its
+    /// answer is sent, so just after it); panics naming the first missing after 10 s.
+    pub fn metrics_with(&self, lines: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let metrics = self.metrics();
+            let missing = lines.iter().find(|l| !metrics.contains(*l));
+            match missing {
+                None => return metrics,
+                Some(line) if Instant::now() > deadline => {
+                    panic!("{line} not in the metrics:\n{metrics}")
+                }
+                Some(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
     pub fn signal(&self, signal: &str) {
         let ok = Command::new("kill")
             .args([&format!("-{signal}"), &self.child.id().to_string()])

@@ -181,13 +181,10 @@ async fn refusals_and_upstream_errors_take_the_clients_shape() {
     assert_eq!(error["type"], "error");
     assert_eq!(error["error"]["type"], "overloaded_error");
     assert!(error["error"]["message"].is_string());
-    let metrics = gw.metrics();
-    for result in ["refused", "upstream_error"] {
-        let line = format!(
-            "portcullis_translations_total{{pair=\"messages>chat\",result=\"{result}\",service=\"claude\"}} 1"
-        );
-        assert!(metrics.contains(&line), "{line} in {metrics}");
-    }
+    let lines = ["refused", "upstream_error"].map(|result| {
+        format!("portcullis_translations_total{{pair=\"messages>chat\",result=\"{result}\",service=\"claude\"}} 1")
+    });
+    gw.metrics_with(&lines.each_ref().map(String::as_str));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -273,8 +270,7 @@ async fn a_stream_the_upstream_cuts_ends_with_an_error_event() {
     assert_eq!(name, "error", "{all:?}");
     assert_eq!(last["error"]["type"], "api_error");
     assert_eq!(all[0].0, "message_start");
-    let metrics = gw.metrics();
-    let line =
-        "portcullis_translations_total{pair=\"messages>chat\",result=\"cut\",service=\"claude\"} 1";
-    assert!(metrics.contains(line), "{line} in {metrics}");
+    gw.metrics_with(&[
+        "portcullis_translations_total{pair=\"messages>chat\",result=\"cut\",service=\"claude\"} 1",
+    ]);
 }
