@@ -41,6 +41,10 @@ pub(crate) use policy::{plan_capped, CapRule, Edit, USAGE_MAX_GROWTH};
 pub(crate) use rate_headers::{rate_headers, Line as RateLine};
 pub(crate) use request::BodyError;
 #[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use translate::chat_responses::{
+    request::to_responses as chat_to_responses, stream::StreamToChat,
+};
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use translate::messages_chat::{
     request::to_chat as messages_to_chat, stream::StreamToMessages,
 };

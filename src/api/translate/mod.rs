@@ -5,6 +5,7 @@
 //! call's `api::Exchange` converts its body, its answer and its stream with the pair's row of
 //! `Converters`; the proxy only sends it to the target endpoint's path (`forward_path`).
 
+pub(crate) mod chat_responses;
 pub(crate) mod messages_chat;
 pub(crate) mod sse;
 
@@ -147,7 +148,7 @@ const PAIRS: [Row; 3] = [
         name: "chat>responses",
         client: Endpoint::Chat,
         target: Endpoint::Responses,
-        convert: None,
+        convert: Some(chat_responses::CONVERTERS),
     },
 ];
 
