@@ -49,6 +49,8 @@ pub(crate) use translate::messages_chat::{
     request::to_chat as messages_to_chat, stream::StreamToMessages,
 };
 #[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use translate::Asked as TranslatedAsked;
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use translate::Stream as TranslatedStream;
 pub(crate) use translate::{forward_path as translated_path, Pair};
 pub(crate) use unmetered::{allowed as unmetered_allowed, refusal_message as unmetered_refusal};

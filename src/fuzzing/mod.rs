@@ -20,14 +20,17 @@ pub use model_body::{messages_body, model_body, responses_body};
 pub use requests::{
     access_log_json, api_key, bearer_token, config_loader, jwt_precheck, path_classifier,
 };
-pub use translate::{chat_stream_to_messages, messages_to_chat_request};
+pub use translate::{
+    chat_stream_to_messages, chat_to_responses_request, messages_to_chat_request,
+    responses_stream_to_chat,
+};
 pub use usage::usage_scanner;
 
 /// One invariant check over arbitrary input bytes.
 pub type Check = fn(&[u8]);
 
 /// Every fuzz target by name, for the corpus replay.
-pub const TARGETS: [(&str, Check); 14] = [
+pub const TARGETS: [(&str, Check); 16] = [
     ("path_classifier", path_classifier),
     ("bearer_token", bearer_token),
     ("api_key", api_key),
@@ -42,4 +45,6 @@ pub const TARGETS: [(&str, Check); 14] = [
     ("messages_usage", messages_usage),
     ("messages_to_chat_request", messages_to_chat_request),
     ("chat_stream_to_messages", chat_stream_to_messages),
+    ("chat_to_responses_request", chat_to_responses_request),
+    ("responses_stream_to_chat", responses_stream_to_chat),
 ];
