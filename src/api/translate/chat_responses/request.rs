@@ -20,7 +20,9 @@
 //!
 //! Dropped: `stream_options` (a Responses stream always ends with its usage), `store` as the
 //! client said it, `seed` and `prediction` (hints a Responses server has no member for),
-//! `top_logprobs` (without `logprobs` it asks for nothing), `n: 1`, a message's `name`, an
+//! `top_logprobs` (without `logprobs` it asks for nothing), what asks for nothing beyond the
+//! default (`n: 1`, `logprobs: false`, text-only `modalities`, zero penalties, an empty
+//! `logit_bias` or `stop`), a message's `name`, an
 //! assistant's `reasoning_content` (Responses takes reasoning back only as items it issued),
 //! and Responses' own members sent by a chat client (`input`, `text`, `reasoning`,
 //! `max_output_tokens`, `instructions`, `include`, `truncation`: the converted ones stand).
