@@ -11,7 +11,8 @@ mode=${1:-run}; shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(path_classifier bearer_token api_key jwt_precheck config_loader access_log_json
   model_body responses_body messages_body usage_scanner responses_usage messages_usage
-  messages_to_chat_request chat_stream_to_messages responses_to_chat_request chat_stream_to_responses)
+  messages_to_chat_request chat_stream_to_messages responses_to_chat_request chat_stream_to_responses
+  chat_to_responses_request responses_stream_to_chat)
 
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
   echo "installing cargo-fuzz (crates.io)"

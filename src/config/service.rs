@@ -178,6 +178,19 @@ impl Validator<'_> {
                 Err(why) => self.problem(&key, why),
             }
         }
+        // One pair sending calls to the endpoint another says the upstream lacks.
+        let clash = (out.iter())
+            .flat_map(|a| out.iter().map(move |b| (a, b)))
+            .find(|(a, b)| a.target() == b.client());
+        if let Some((a, b)) = clash {
+            let why = format!(
+                "`{}` sends calls to the endpoint that `{}` says the upstream does not serve: \
+                 keep the one that matches the upstream",
+                a.name(),
+                b.name()
+            );
+            self.problem(&key, why);
+        }
         out
     }
 

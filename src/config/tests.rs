@@ -530,6 +530,9 @@ fn translate_names_its_key_and_takes_only_pairs_the_api_can_make() {
     .unwrap();
     assert_eq!(c.services[0].translate, [crate::api::Pair::MessagesToChat]);
     assert!(parse(MINIMAL).unwrap().services[0].translate.is_empty());
+    let responses = "api = \"openai\"\ntranslate = { chat = \"responses\" }\n";
+    let c = parse(&format!("{MINIMAL}{responses}")).unwrap();
+    assert_eq!(c.services[0].translate, [crate::api::Pair::ChatToResponses]);
     for (lines, says) in [
         ("translate = { messages = \"chat\" }\n", "needs `api`"),
         (
@@ -541,8 +544,8 @@ fn translate_names_its_key_and_takes_only_pairs_the_api_can_make() {
             "`responses = \"chat\"` or `chat = \"responses\"` is",
         ),
         (
-            "api = \"openai\"\ntranslate = { chat = \"responses\" }\n",
-            "`chat = \"responses\"` is not built yet",
+            "api = \"openai\"\ntranslate = { responses = \"chat\", chat = \"responses\" }\n",
+            "`chat>responses` sends calls to the endpoint that `responses>chat` says the upstream does not serve",
         ),
     ] {
         let p = problems(&format!("{MINIMAL}{lines}"));

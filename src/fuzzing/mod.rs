@@ -21,8 +21,8 @@ pub use requests::{
     access_log_json, api_key, bearer_token, config_loader, jwt_precheck, path_classifier,
 };
 pub use translate::{
-    chat_stream_to_messages, chat_stream_to_responses, messages_to_chat_request,
-    responses_to_chat_request,
+    chat_stream_to_messages, chat_stream_to_responses, chat_to_responses_request,
+    messages_to_chat_request, responses_stream_to_chat, responses_to_chat_request,
 };
 pub use usage::usage_scanner;
 
@@ -30,7 +30,7 @@ pub use usage::usage_scanner;
 pub type Check = fn(&[u8]);
 
 /// Every fuzz target by name, for the corpus replay.
-pub const TARGETS: [(&str, Check); 16] = [
+pub const TARGETS: [(&str, Check); 18] = [
     ("path_classifier", path_classifier),
     ("bearer_token", bearer_token),
     ("api_key", api_key),
@@ -47,4 +47,6 @@ pub const TARGETS: [(&str, Check); 16] = [
     ("chat_stream_to_messages", chat_stream_to_messages),
     ("responses_to_chat_request", responses_to_chat_request),
     ("chat_stream_to_responses", chat_stream_to_responses),
+    ("chat_to_responses_request", chat_to_responses_request),
+    ("responses_stream_to_chat", responses_stream_to_chat),
 ];

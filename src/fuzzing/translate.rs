@@ -13,7 +13,13 @@ fn request(pair: Pair, data: &[u8]) {
     let mut asked = Asked::of(&body);
     if let Ok(out) = (pair.converters().request)(&body, &mut asked) {
         let text = serde_json::to_string(&out).expect("the request serializes");
-        serde_json::from_str::<serde_json::Value>(&text).expect("and reads back as JSON");
+        let back: serde_json::Value = serde_json::from_str(&text).expect("and reads back as JSON");
+        if pair.target() == crate::api::Endpoint::Responses {
+            assert_eq!(
+                back["store"], false,
+                "the bridge never asks the upstream to store"
+            );
+        }
     }
 }
 
@@ -29,14 +35,15 @@ fn ends_well(pair: Pair, last: (Option<&str>, &str)) -> bool {
     }
 }
 
-/// Any upstream bytes: the first byte picks where they are split.
+/// Any upstream bytes: the first byte picks where they are split, and its low bit whether a
+/// chat client asked for its usage.
 fn stream(pair: Pair, data: &[u8]) {
     let Some((&cut, bytes)) = data.split_first() else {
         return;
     };
     let asked = Asked {
         model: "m".into(),
-        usage: true,
+        usage: cut & 1 == 1,
         freeform: vec!["exec".into()],
     };
     let convert = |parts: &[&[u8]]| {
@@ -69,7 +76,15 @@ fn stream(pair: Pair, data: &[u8]) {
         let data = data.strip_prefix("data: ").expect("a data line");
         assert!(!data.contains('\n'), "one data line");
         if data != "[DONE]" {
-            serde_json::from_str::<serde_json::Value>(data).expect("data is one JSON document");
+            let data: serde_json::Value =
+                serde_json::from_str(data).expect("data is one JSON document");
+            if pair.client() == crate::api::Endpoint::Chat && data.get("error").is_none() {
+                assert_eq!(data["object"], "chat.completion.chunk", "{data}");
+                assert!(
+                    asked.usage || data.get("usage").is_none(),
+                    "usage only when asked"
+                );
+            }
         }
         last = Some((name, data));
     }
@@ -92,4 +107,12 @@ pub fn responses_to_chat_request(data: &[u8]) {
 
 pub fn chat_stream_to_responses(data: &[u8]) {
     stream(Pair::ResponsesToChat, data);
+}
+
+pub fn chat_to_responses_request(data: &[u8]) {
+    request(Pair::ChatToResponses, data);
+}
+
+pub fn responses_stream_to_chat(data: &[u8]) {
+    stream(Pair::ChatToResponses, data);
 }

@@ -27,6 +27,7 @@ mod replicas;
 mod soak;
 mod tls;
 mod translate;
+mod translate_chat;
 mod translate_responses;
 
 use testkit::{free_port, Gateway, Service, Upstream};

@@ -6,11 +6,12 @@
 //! `Converters`; the proxy only sends it to the target endpoint's path (`forward_path`).
 
 mod chat_chunk;
+pub(crate) mod chat_responses;
 pub(crate) mod messages_chat;
 pub(crate) mod responses_chat;
 pub(crate) mod sse;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::{Api, Endpoint};
 
@@ -37,8 +38,7 @@ struct Row {
     name: &'static str,
     client: Endpoint,
     target: Endpoint,
-    /// Its converters; `None`: not built in this release (refused at start-up).
-    convert: Option<Converters>,
+    convert: Converters,
 }
 
 /// One direction's converters, from the client's dialect to the upstream's and back.
@@ -61,8 +61,6 @@ pub(crate) struct Asked {
     pub(crate) model: String,
     /// A chat client asked for its stream's usage (`stream_options.include_usage`); the
     /// other dialects always get it.
-    // Read by the chat>responses stream, merged next.
-    #[allow(dead_code)]
     pub(crate) usage: bool,
     /// The client's freeform tools (Responses `custom`), sent as functions: their calls go
     /// back as the client's own call type.
@@ -138,7 +136,7 @@ const PAIRS: [Row; 3] = [
         name: "messages>chat",
         client: Endpoint::Messages,
         target: Endpoint::Chat,
-        convert: Some(messages_chat::CONVERTERS),
+        convert: messages_chat::CONVERTERS,
     },
     Row {
         api: Api::OpenAi,
@@ -147,7 +145,7 @@ const PAIRS: [Row; 3] = [
         name: "responses>chat",
         client: Endpoint::Responses,
         target: Endpoint::Chat,
-        convert: Some(responses_chat::CONVERTERS),
+        convert: responses_chat::CONVERTERS,
     },
     Row {
         api: Api::OpenAi,
@@ -156,7 +154,7 @@ const PAIRS: [Row; 3] = [
         name: "chat>responses",
         client: Endpoint::Chat,
         target: Endpoint::Responses,
-        convert: None,
+        convert: chat_responses::CONVERTERS,
     },
 ];
 
@@ -182,7 +180,6 @@ impl Pair {
                 .collect();
             pairs.join(" or ")
         };
-        let shown = |s: &str| serde_json::Value::from(s.chars().take(64).collect::<String>());
         let Some(pair) = on_api().find(|p| p.row().key == key && p.row().value == value) else {
             return Err(format!(
                 "{} = {} is not a translation this service's api can make: {} is",
@@ -191,11 +188,6 @@ impl Pair {
                 listed()
             ));
         };
-        if pair.row().convert.is_none() {
-            return Err(format!(
-                "`{key} = \"{value}\"` is not built yet in this release"
-            ));
-        }
         Ok(pair)
     }
 
@@ -219,10 +211,9 @@ impl Pair {
         self.row().target
     }
 
-    /// Its converters (a pair is configured only when built).
+    /// Its converters.
     pub(crate) fn converters(self) -> &'static Converters {
-        const NONE: &Converters = &messages_chat::CONVERTERS;
-        self.row().convert.as_ref().unwrap_or(NONE)
+        &self.row().convert
     }
 }
 
@@ -267,31 +258,44 @@ pub(crate) fn forward_path(pair: Pair, forward: &[u8]) -> Vec<u8> {
     out
 }
 
-/// An OpenAI-compatible server's error answer in OpenAI's error shape (`{"error": {"message",
-/// "type", "param", "code"}}`): kept when it has it, else its text as the message.
+/// An OpenAI-compatible server's error answer (chat or Responses) as OpenAI's error shape (`{"error": {"message", "type",
+/// "param", "code"}}`): kept as it is when it already has that shape; the status is kept.
 pub(crate) fn openai_error(status: u16, body: &[u8]) -> Value {
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
-    if let Some(error) = parsed.as_ref().and_then(|b| b.get("error")) {
-        if error.get("message").is_some_and(Value::is_string) {
-            return serde_json::json!({"error": error});
+    if let Some(parsed) = &parsed {
+        if parsed["error"]["message"].is_string() {
+            return parsed.clone();
         }
     }
-    let message = match &parsed {
-        Some(Value::Object(body)) => match body.get("error").or(body.get("detail")) {
-            Some(Value::String(text)) => text.clone(),
-            _ => Value::Object(body.clone()).to_string(),
+    // `{"error": "text"}`, vLLM's flat `{"object": "error", "message", "type", "code"}`,
+    // FastAPI's `{"detail": …}`, or anything else.
+    let error = parsed.as_ref().map(|b| match b.get("error") {
+        Some(e) if !e.is_null() => e,
+        _ => b,
+    });
+    let message = match error {
+        Some(Value::String(text)) => text.clone(),
+        Some(e) => match (e.get("message"), e.get("detail")) {
+            (Some(Value::String(text)), _) | (_, Some(Value::String(text))) => text.clone(),
+            _ => e.to_string(),
         },
-        Some(other) => other.to_string(),
         None => String::from_utf8_lossy(body).chars().take(1024).collect(),
     };
-    let kind = match status {
-        400 | 404 | 405 | 413 | 422 => "invalid_request_error",
+    let by_status = match status {
+        400 | 404 | 405 | 409 | 413 | 422 => "invalid_request_error",
         401 => "authentication_error",
         403 => "permission_error",
         429 => "rate_limit_error",
         _ => "server_error",
     };
-    serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
+    let given = |member: &str| error.and_then(|e| e.get(member)).filter(|v| !v.is_null());
+    let kind = given("type")
+        .filter(|t| t.is_string())
+        .cloned()
+        .unwrap_or_else(|| json!(by_status));
+    let code = given("code").cloned().unwrap_or(Value::Null);
+    let param = given("param").cloned().unwrap_or(Value::Null);
+    json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
 }
 
 #[cfg(test)]

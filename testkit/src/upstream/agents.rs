@@ -403,16 +403,25 @@ pub fn agent_sse_body(endpoint: AgentEndpoint, model: Option<&str>, n: u64) -> S
         .collect()
 }
 
-/// `/oa/…/responses` and `/oa/…/messages`: JSON, or with `"stream":true` the events, the
-/// text deltas `?n=N` (3), every event `?gap_ms=G` (50) apart, the one with the final usage
-/// (`response.completed`, `message_delta`) in two writes `?split_ms=S` (50) apart, cut inside
-/// `"input_tokens"` or `"output_tokens"`.
+/// `/oa/…/responses` and `/oa/…/messages`: `?status=N` an error in OpenAI's shape, else
+/// JSON, or with `"stream":true` the events, the text deltas `?n=N` (3), every event
+/// `?gap_ms=G` (50) apart, the one with the final usage (`response.completed`,
+/// `message_delta`) in two writes `?split_ms=S` (50) apart, cut inside `"input_tokens"` or
+/// `"output_tokens"`.
 pub(super) async fn answer(
     conn: &mut TcpStream,
     req: &Hit,
     state: &State,
     endpoint: AgentEndpoint,
 ) -> bool {
+    // `?status=N`: the server refuses the request, in OpenAI's error shape (what a bridge
+    // in front of it must turn into its client's).
+    let status = query_param(&req.target, "status", 200);
+    if status != 200 {
+        let head = format!("{status} Refused");
+        let body = r#"{"error":{"message":"the model does not exist","type":"invalid_request_error","param":"model","code":"model_not_found"}}"#;
+        return super::wire::write_json(conn, &head, "", body).await;
+    }
     let body: Value = serde_json::from_slice(&req.body).unwrap_or_default();
     let model = body.get("model").cloned().unwrap_or(Value::Null);
     let streamed = body.get("stream") == Some(&Value::Bool(true));

@@ -20,7 +20,8 @@
 //!   /oa/…/embeddings      an OpenAI embeddings answer with usage `EMBEDDINGS_USAGE`
 //!   /oa/…/responses       an OpenAI Responses answer (`RESPONSES_JSON_USAGE`); streamed, its
 //!                         events with ?n=N (3) text deltas, ?gap_ms=G (50) apart, usage
-//!                         (`RESPONSES_SSE_USAGE`) in `response.completed` (`agents.rs`)
+//!                         (`RESPONSES_SSE_USAGE`) in `response.completed` (`agents.rs`);
+//!                         with ?status=N (as `/messages`) N and an OpenAI error
 //!   /oa/…/messages        an Anthropic Messages answer (`MESSAGES_JSON_USAGE`); streamed, the
 //!                         same pacing, usage (`MESSAGES_SSE_USAGE`) in `message_start` and
 //!                         `message_delta`
