@@ -11,7 +11,7 @@ fn request(pair: Pair, data: &[u8]) {
         return;
     };
     let mut asked = Asked::of(&body);
-    if let Ok(out) = (pair.converters().request)(&body, &mut asked) {
+    if let Ok(out) = (pair.converters().request)(body, &mut asked) {
         let text = serde_json::to_string(&out).expect("the request serializes");
         let back: serde_json::Value = serde_json::from_str(&text).expect("and reads back as JSON");
         if pair.target() == crate::api::Endpoint::Responses {

@@ -56,7 +56,7 @@ impl Translated {
         let parsed: Value = serde_json::from_slice(body)
             .map_err(|_| BodyError::new("body is not valid JSON".into()))?;
         self.asked = Asked::of(&parsed);
-        let converted = (self.pair.converters().request)(&parsed, &mut self.asked);
+        let converted = (self.pair.converters().request)(parsed, &mut self.asked);
         let converted = converted.map_err(|e| BodyError::new(e.0))?;
         Ok(serde_json::to_vec(&converted).unwrap_or_default())
     }

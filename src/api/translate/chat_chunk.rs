@@ -2,6 +2,10 @@
 //! place (strings borrowed unless escaped) rather than built into a `serde_json::Value`, since
 //! a converter reads one per token. Every member is optional and of any JSON type: a member
 //! of the wrong type reads as absent, as `Value` indexing would read it.
+//!
+//! Two readers: a one-pass typed read for chunks whose members have their usual types (every
+//! server's), and, when that fails, one that reads each level as raw JSON and takes what has
+//! the right type.
 
 use std::borrow::Cow;
 
@@ -91,11 +95,72 @@ pub(crate) struct CallDelta<'a> {
     pub(crate) arguments: Option<Cow<'a, str>>,
 }
 
+/// The usual shape, read in one pass.
+#[derive(Deserialize)]
+struct Typed<'a> {
+    #[serde(borrow)]
+    id: Option<Text<'a>>,
+    #[serde(borrow)]
+    model: Option<Text<'a>>,
+    created: Option<u64>,
+    #[serde(borrow)]
+    choices: Option<Vec<TypedChoice<'a>>>,
+    usage: Option<Value>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct TypedChoice<'a> {
+    #[serde(borrow)]
+    delta: Option<TypedDelta<'a>>,
+    #[serde(borrow)]
+    finish_reason: Option<Text<'a>>,
+}
+
+#[derive(Deserialize)]
+struct TypedDelta<'a> {
+    #[serde(borrow)]
+    content: Option<Text<'a>>,
+    #[serde(borrow)]
+    reasoning_content: Option<Text<'a>>,
+    #[serde(borrow)]
+    reasoning: Option<Text<'a>>,
+    #[serde(borrow)]
+    tool_calls: Option<Vec<TypedCall<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct TypedCall<'a> {
+    index: Option<u64>,
+    #[serde(borrow)]
+    id: Option<Text<'a>>,
+    #[serde(borrow)]
+    function: Option<TypedFunction<'a>>,
+}
+
+#[derive(Deserialize)]
+struct TypedFunction<'a> {
+    #[serde(borrow)]
+    name: Option<Text<'a>>,
+    #[serde(borrow)]
+    arguments: Option<Text<'a>>,
+}
+
 impl<'a> ChatChunk<'a> {
     /// The chunk in an event's data; `None` when the data is not a JSON object.
     pub(crate) fn read(data: &'a [u8]) -> Option<ChatChunk<'a>> {
-        let data = std::str::from_utf8(data).ok()?;
-        let envelope: Envelope<'a> = read_object(data.trim_ascii())?;
+        let data = std::str::from_utf8(data).ok()?.trim_ascii();
+        if !data.starts_with('{') {
+            return None;
+        }
+        match serde_json::from_str::<Typed>(data) {
+            Ok(typed) if typed.usual() => Some(typed.into()),
+            _ => ChatChunk::read_leniently(data),
+        }
+    }
+
+    fn read_leniently(data: &'a str) -> Option<ChatChunk<'a>> {
+        let envelope: Envelope<'a> = read_object(data)?;
         let mut chunk = ChatChunk {
             id: text(envelope.id),
             model: text(envelope.model),
@@ -124,6 +189,52 @@ impl<'a> ChatChunk<'a> {
             .unwrap_or_default();
         chunk.tool_calls = calls.into_iter().filter_map(call).collect();
         Some(chunk)
+    }
+}
+
+impl Typed<'_> {
+    /// Its objects were objects (serde would read an array as a struct's members in order)
+    /// and its usage an object: else the lenient reader decides.
+    fn usual(&self) -> bool {
+        self.usage.as_ref().is_none_or(Value::is_object)
+    }
+}
+
+impl<'a> From<Typed<'a>> for ChatChunk<'a> {
+    fn from(typed: Typed<'a>) -> ChatChunk<'a> {
+        let mut chunk = ChatChunk {
+            id: typed.id.map(|t| t.0),
+            model: typed.model.map(|t| t.0),
+            created: typed.created,
+            usage: typed.usage,
+            error: typed.error,
+            ..ChatChunk::default()
+        };
+        let first = typed.choices.and_then(|c| c.into_iter().next());
+        let Some(choice) = first else {
+            return chunk;
+        };
+        chunk.finish_reason = choice.finish_reason.map(|t| t.0);
+        let Some(delta) = choice.delta else {
+            return chunk;
+        };
+        chunk.content = delta.content.map(|t| t.0);
+        chunk.reasoning = delta.reasoning_content.or(delta.reasoning).map(|t| t.0);
+        chunk.tool_calls = (delta.tool_calls.into_iter().flatten())
+            .map(|call| {
+                let (name, arguments) = match call.function {
+                    Some(f) => (f.name.map(|t| t.0), f.arguments.map(|t| t.0)),
+                    None => (None, None),
+                };
+                CallDelta {
+                    index: call.index.unwrap_or(0),
+                    id: call.id.map(|t| t.0),
+                    name,
+                    arguments,
+                }
+            })
+            .collect();
+        chunk
     }
 }
 

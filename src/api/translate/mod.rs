@@ -45,7 +45,7 @@ struct Row {
 pub(crate) struct Converters {
     /// The client's request (as the reader checked and the policy edited it); what its answer
     /// will need beyond `Asked::of` is noted in the `Asked`.
-    pub(crate) request: fn(&Value, &mut Asked) -> Result<Value, Untranslatable>,
+    pub(crate) request: fn(Value, &mut Asked) -> Result<Value, Untranslatable>,
     /// The upstream's JSON answer, a success.
     pub(crate) answer: fn(&Value, &Asked) -> Value,
     /// The upstream's error answer (any bytes) in the client dialect's error shape.
@@ -107,7 +107,7 @@ impl Stream {
     /// Converts the events `bytes` completes, appending the client's to `out`.
     pub(crate) fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<u8>) {
         while let Some(data) = self.events.next(&mut bytes) {
-            self.convert.event(&data, out);
+            self.convert.event(data, out);
         }
     }
 
@@ -117,7 +117,7 @@ impl Stream {
             return;
         }
         if let Some(data) = self.events.last() {
-            self.convert.event(&data, out);
+            self.convert.event(data, out);
         }
         self.convert.end(out);
         self.ended = true;

@@ -8,14 +8,18 @@ use serde_json::Value;
 pub(crate) struct Events {
     /// The start of a line not yet complete.
     line: Vec<u8>,
-    /// The data lines of the event being read, joined with LF.
+    /// The data lines of the event being read, joined with LF; kept between events so that
+    /// one buffer serves the whole stream.
     data: Vec<u8>,
+    /// `data` holds an event already handed out.
+    handed: bool,
 }
 
 impl Events {
     /// The data of the next event completed by `bytes` (with what came before); `bytes` is
     /// left after it. `None` once `bytes` holds no complete event: its rest is kept.
-    pub(crate) fn next(&mut self, bytes: &mut &[u8]) -> Option<Vec<u8>> {
+    pub(crate) fn next(&mut self, bytes: &mut &[u8]) -> Option<&[u8]> {
+        self.hand_back();
         while let Some(end) = memchr::memchr(b'\n', bytes) {
             let (head, rest) = bytes.split_at(end);
             *bytes = &rest[1..];
@@ -29,8 +33,9 @@ impl Events {
                 self.line = line;
                 complete
             };
-            if complete.is_some() {
-                return complete;
+            if complete {
+                self.handed = true;
+                return Some(&self.data);
             }
         }
         self.line.extend_from_slice(bytes);
@@ -39,19 +44,29 @@ impl Events {
     }
 
     /// The body ended: the event its last lines make, if they make one.
-    pub(crate) fn last(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn last(&mut self) -> Option<&[u8]> {
+        self.hand_back();
         if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
             self.line_done(&line);
         }
-        Some(std::mem::take(&mut self.data)).filter(|d| !d.is_empty())
+        self.handed = true;
+        Some(&self.data[..]).filter(|d| !d.is_empty())
     }
 
-    /// One line (without its LF): the event's data when the line ends it.
-    fn line_done(&mut self, line: &[u8]) -> Option<Vec<u8>> {
+    /// The event handed out last is done with: its buffer is reused.
+    fn hand_back(&mut self) {
+        if self.handed {
+            self.data.clear();
+            self.handed = false;
+        }
+    }
+
+    /// One line (without its LF): whether it ends an event that has data.
+    fn line_done(&mut self, line: &[u8]) -> bool {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
-            return Some(std::mem::take(&mut self.data)).filter(|d| !d.is_empty());
+            return !self.data.is_empty();
         }
         if let Some(data) = line.strip_prefix(b"data:") {
             let data = data.strip_prefix(b" ").unwrap_or(data);
@@ -60,7 +75,7 @@ impl Events {
             }
             self.data.extend_from_slice(data);
         }
-        None
+        false
     }
 }
 
@@ -84,6 +99,20 @@ pub(crate) fn write_str(out: &mut Vec<u8>, text: &str) {
     let _ = serde_json::to_writer(&mut *out, text);
 }
 
+/// Writes `text` as the inside of a JSON string (escaped, without its quotes).
+pub(crate) fn write_str_content(out: &mut Vec<u8>, text: &str) {
+    let plain = |b: &u8| *b >= 0x20 && *b != b'"' && *b != b'\\';
+    if text.as_bytes().iter().all(plain) {
+        out.extend_from_slice(text.as_bytes());
+        return;
+    }
+    let start = out.len();
+    write_str(out, text);
+    // Drop the quotes the full writer put around it.
+    out.pop();
+    out.remove(start);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,10 +123,14 @@ mod tests {
         for part in parts {
             let mut bytes = *part;
             while let Some(data) = events.next(&mut bytes) {
-                found.push(String::from_utf8(data).unwrap());
+                found.push(String::from_utf8(data.to_vec()).unwrap());
             }
         }
-        found.extend(events.last().map(|d| String::from_utf8(d).unwrap()));
+        found.extend(
+            events
+                .last()
+                .map(|d| String::from_utf8(d.to_vec()).unwrap()),
+        );
         found
     }
 
@@ -117,5 +150,9 @@ mod tests {
         write(&mut out, Some("ping"), &serde_json::json!({"a": 1}));
         write(&mut out, None, &serde_json::json!([]));
         assert_eq!(out, b"event: ping\ndata: {\"a\":1}\n\ndata: []\n\n");
+        let mut inside = Vec::new();
+        write_str_content(&mut inside, "plain_id");
+        write_str_content(&mut inside, "q\"\n\\");
+        assert_eq!(inside, b"plain_idq\\\"\\n\\\\");
     }
 }

@@ -13,7 +13,7 @@ use super::{Asked, Converters, StreamConvert};
 
 /// The direction's row of converters.
 pub(crate) const CONVERTERS: Converters = Converters {
-    request: |body, _| request::to_responses(body),
+    request: |body, _| request::to_responses(&body),
     answer: answer::to_chat,
     error: super::openai_error,
     stream: new_stream,

@@ -19,6 +19,9 @@
 //! complete was cut: the client's stream ends with an error chunk (`data: {"error": {…}}`,
 //! which the OpenAI SDKs raise) and without `[DONE]`.
 
+use std::borrow::Cow;
+
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{completion_id, created, finish_reason, usage};
@@ -43,10 +46,15 @@ pub(crate) struct StreamToChat {
     usage_asked: bool,
     started: bool,
     calls: Vec<Call>,
-    /// The text part being streamed, and the bytes of it sent.
-    text_at: Option<(String, usize)>,
-    /// The reasoning piece the last reasoning delta came from.
-    reasoning_at: Option<String>,
+    /// The text part being streamed (its item id and content index), and the bytes of it
+    /// sent.
+    text_at: Option<(String, u64, usize)>,
+    /// The reasoning piece the last reasoning delta came from: item id, event type, index.
+    reasoning_at: Option<(String, String, u64)>,
+    /// Every chunk's bytes before its delta, and after it (finish reason null), written once
+    /// the response is named: a delta chunk per token is written around its delta.
+    head: Vec<u8>,
+    tail: &'static [u8],
     ended: bool,
     /// Ended with an error chunk: the answer was cut.
     cut: bool,
@@ -64,6 +72,10 @@ impl StreamConvert for StreamToChat {
                 None,
                 "the upstream's stream ended before its response was complete",
             );
+            return;
+        }
+        if let Some(delta) = DeltaEvent::read(data) {
+            self.delta(&delta, out);
             return;
         }
         let Ok(event) = serde_json::from_slice::<Value>(data) else {
@@ -86,7 +98,10 @@ impl StreamConvert for StreamToChat {
             }
             "response.output_text.delta" | "response.output_text.done" => {
                 self.start(&Value::Null, out);
-                self.text(&event, kind.ends_with("done"), out);
+                let (item_id, index) = (str_of(&event["item_id"]), event["content_index"].as_u64());
+                let done = kind.ends_with("done");
+                let text = str_of(&event[if done { "text" } else { "delta" }]);
+                self.text(item_id, index.unwrap_or(0), text, done, out);
             }
             "response.refusal.delta" => {
                 self.start(&Value::Null, out);
@@ -96,18 +111,29 @@ impl StreamConvert for StreamToChat {
             }
             "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
                 self.start(&Value::Null, out);
-                self.reasoning(&event, out);
+                let index = event["summary_index"]
+                    .as_u64()
+                    .or(event["content_index"].as_u64());
+                let item_id = str_of(&event["item_id"]);
+                self.reasoning(
+                    item_id,
+                    kind,
+                    index.unwrap_or(0),
+                    str_of(&event["delta"]),
+                    out,
+                );
             }
             "response.function_call_arguments.delta" | "response.custom_tool_call_input.delta" => {
                 self.start(&Value::Null, out);
-                let at = self.find(&event);
+                let at = self.find(event["item_id"].as_str(), event["output_index"].as_u64());
                 if let (Some(at), Some(delta)) = (at, event["delta"].as_str()) {
                     self.arguments(at, delta, out);
                 }
             }
             "response.function_call_arguments.done" | "response.custom_tool_call_input.done" => {
                 let whole = event["arguments"].as_str().or(event["input"].as_str());
-                if let (Some(at), Some(whole)) = (self.find(&event), whole) {
+                let at = self.find(event["item_id"].as_str(), event["output_index"].as_u64());
+                if let (Some(at), Some(whole)) = (at, whole) {
                     self.rest_of(at, whole, out);
                 }
             }
@@ -158,6 +184,12 @@ impl StreamToChat {
             calls: Vec::new(),
             text_at: None,
             reasoning_at: None,
+            head: Vec::new(),
+            tail: if asked.usage {
+                b",\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}"
+            } else {
+                b",\"logprobs\":null,\"finish_reason\":null}]}"
+            },
             ended: false,
             cut: false,
         }
@@ -181,6 +213,36 @@ impl StreamToChat {
         if let Some(model) = response["model"].as_str() {
             self.model = model.to_string();
         }
+        self.head.clear();
+        self.head.extend_from_slice(b"data: {\"id\":");
+        sse::write_str(&mut self.head, &self.id);
+        self.head
+            .extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
+        self.head
+            .extend_from_slice(itoa::Buffer::new().format(self.created).as_bytes());
+        self.head.extend_from_slice(b",\"model\":");
+        sse::write_str(&mut self.head, &self.model);
+        self.head
+            .extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":");
+    }
+
+    /// A chunk whose delta is one text member, as `send` would write it.
+    fn send_text(&self, out: &mut Vec<u8>, member: &str, text: &str) {
+        self.write_delta(out, |out| {
+            out.extend_from_slice(b"{\"");
+            out.extend_from_slice(member.as_bytes());
+            out.extend_from_slice(b"\":");
+            sse::write_str(out, text);
+            out.push(b'}');
+        });
+    }
+
+    /// A chunk with the delta `write` writes, and no finish reason.
+    fn write_delta(&self, out: &mut Vec<u8>, write: impl FnOnce(&mut Vec<u8>)) {
+        out.extend_from_slice(&self.head);
+        write(out);
+        out.extend_from_slice(self.tail);
+        out.extend_from_slice(b"\n\n");
     }
 
     /// An output item: a call not yet announced is announced.
@@ -228,27 +290,22 @@ impl StreamToChat {
     /// A finished call item: what its arguments say that the deltas did not.
     fn whole_call(&mut self, item: &Value, output_index: Option<u64>, out: &mut Vec<u8>) {
         let whole = item["arguments"].as_str().or(item["input"].as_str());
-        let at = self.find(&json!({"item_id": item["id"], "output_index": output_index}));
+        let at = self.find(item["id"].as_str(), output_index);
         if let (Some(at), Some(whole)) = (at, whole) {
             self.rest_of(at, whole, out);
         }
     }
 
     /// The call a delta event names, by its item's id, else by its place in the output.
-    fn find(&self, event: &Value) -> Option<usize> {
-        if let Some(id) = event["item_id"].as_str() {
-            if let Some(at) = self
-                .calls
-                .iter()
-                .position(|c| c.item_id.as_deref() == Some(id))
-            {
+    fn find(&self, item_id: Option<&str>, output_index: Option<u64>) -> Option<usize> {
+        if let Some(id) = item_id {
+            let mut calls = self.calls.iter();
+            if let Some(at) = calls.position(|c| c.item_id.as_deref() == Some(id)) {
                 return Some(at);
             }
         }
-        let index = event["output_index"].as_u64()?;
-        self.calls
-            .iter()
-            .position(|c| c.output_index == Some(index))
+        let index = output_index?;
+        (self.calls.iter()).position(|c| c.output_index == Some(index))
     }
 
     fn arguments(&mut self, at: usize, delta: &str, out: &mut Vec<u8>) {
@@ -257,12 +314,21 @@ impl StreamToChat {
         }
         let call = &mut self.calls[at];
         call.sent.push_str(delta);
-        let member = if call.custom {
-            json!({"index": at, "custom": {"input": delta}})
-        } else {
-            json!({"index": at, "function": {"arguments": delta}})
+        let (kind, member): (&[u8], &[u8]) = match call.custom {
+            true => (b"custom", b"input"),
+            false => (b"function", b"arguments"),
         };
-        self.send(json!({"tool_calls": [member]}), None, out);
+        self.write_delta(out, |out| {
+            out.extend_from_slice(b"{\"tool_calls\":[{\"index\":");
+            out.extend_from_slice(itoa::Buffer::new().format(at).as_bytes());
+            out.extend_from_slice(b",\"");
+            out.extend_from_slice(kind);
+            out.extend_from_slice(b"\":{\"");
+            out.extend_from_slice(member);
+            out.extend_from_slice(b"\":");
+            sse::write_str(out, delta);
+            out.extend_from_slice(b"}}]}");
+        });
     }
 
     /// The part of a call's whole arguments the deltas have not sent (all of them, when none
@@ -275,47 +341,74 @@ impl StreamToChat {
     }
 
     /// An `output_text` delta, or the whole part's text at its `.done` (its unsent rest).
-    fn text(&mut self, event: &Value, done: bool, out: &mut Vec<u8>) {
-        let part = format!(
-            "{}/{}",
-            event["item_id"].as_str().unwrap_or_default(),
-            event["content_index"].as_u64().unwrap_or(0)
-        );
+    fn text(&mut self, item_id: &str, index: u64, text: &str, done: bool, out: &mut Vec<u8>) {
         let sent = match &self.text_at {
-            Some((at, sent)) if *at == part => *sent,
+            Some((id, at, sent)) if id == item_id && *at == index => *sent,
             _ => 0,
         };
         let text = if done {
-            let whole = event["text"].as_str().unwrap_or_default();
-            whole.get(sent..).unwrap_or_default()
+            text.get(sent..).unwrap_or_default()
         } else {
-            event["delta"].as_str().unwrap_or_default()
+            text
         };
-        self.text_at = Some((part, sent + text.len()));
+        match &mut self.text_at {
+            Some((id, at, sent)) if id == item_id && *at == index => *sent += text.len(),
+            _ => self.text_at = Some((item_id.to_string(), index, text.len())),
+        }
         if !text.is_empty() {
-            self.send(json!({"content": text}), None, out);
+            self.send_text(out, "content", text);
         }
     }
 
-    fn reasoning(&mut self, event: &Value, out: &mut Vec<u8>) {
-        let Some(delta) = event["delta"].as_str().filter(|d| !d.is_empty()) else {
+    fn reasoning(&mut self, item_id: &str, kind: &str, index: u64, delta: &str, out: &mut Vec<u8>) {
+        if delta.is_empty() {
             return;
+        }
+        let same = |at: &(String, String, u64)| at.0 == item_id && at.1 == kind && at.2 == index;
+        let new_piece = match &self.reasoning_at {
+            Some(at) if same(at) => false,
+            Some(_) => true,
+            None => {
+                self.reasoning_at = Some((item_id.to_string(), kind.to_string(), index));
+                false
+            }
         };
-        let index = event["summary_index"]
-            .as_u64()
-            .or(event["content_index"].as_u64());
-        let piece = format!(
-            "{}/{}/{}",
-            event["item_id"].as_str().unwrap_or_default(),
-            event["type"].as_str().unwrap_or_default(),
-            index.unwrap_or(0)
-        );
-        let text = match &self.reasoning_at {
-            Some(at) if *at != piece => format!("\n\n{delta}"),
-            _ => delta.to_string(),
-        };
-        self.reasoning_at = Some(piece);
-        self.send(json!({"reasoning_content": text}), None, out);
+        if new_piece {
+            self.reasoning_at = Some((item_id.to_string(), kind.to_string(), index));
+            self.send_text(out, "reasoning_content", &format!("\n\n{delta}"));
+        } else {
+            self.send_text(out, "reasoning_content", delta);
+        }
+    }
+
+    /// One delta event read in one pass (a text, reasoning or arguments delta), the events a
+    /// stream has one of per token.
+    fn delta(&mut self, event: &DeltaEvent, out: &mut Vec<u8>) {
+        self.start(&Value::Null, out);
+        let item_id = event.item_id.as_ref().map(|t| t.0.as_ref());
+        let kind = event.kind.0.as_ref();
+        match kind {
+            "response.output_text.delta" => {
+                let index = event.content_index.unwrap_or(0);
+                self.text(
+                    item_id.unwrap_or_default(),
+                    index,
+                    &event.delta.0,
+                    false,
+                    out,
+                );
+            }
+            "response.function_call_arguments.delta" | "response.custom_tool_call_input.delta" => {
+                if let Some(at) = self.find(item_id, event.output_index) {
+                    self.arguments(at, &event.delta.0, out);
+                }
+            }
+            _ => {
+                let index = event.summary_index.or(event.content_index).unwrap_or(0);
+                let (item_id, delta) = (item_id.unwrap_or_default(), &event.delta.0);
+                self.reasoning(item_id, kind, index, delta, out);
+            }
+        }
     }
 
     /// The response is complete: the calls it holds that no event announced, the finish
@@ -383,6 +476,50 @@ impl StreamToChat {
 
     fn send(&self, delta: Value, finish: Option<&str>, out: &mut Vec<u8>) {
         sse::write(out, None, &self.chunk(delta, finish));
+    }
+}
+
+/// A string's text, or "" for anything else.
+fn str_of(value: &Value) -> &str {
+    value.as_str().unwrap_or_default()
+}
+
+/// A string, borrowed from the event unless it has escapes.
+#[derive(Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// A delta event (`response.output_text.delta`, a reasoning delta, an arguments delta) with
+/// its members of their usual types, read in one pass; any other event is `None`.
+#[derive(Deserialize)]
+struct DeltaEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Text<'a>,
+    #[serde(borrow)]
+    delta: Text<'a>,
+    #[serde(borrow)]
+    item_id: Option<Text<'a>>,
+    output_index: Option<u64>,
+    content_index: Option<u64>,
+    summary_index: Option<u64>,
+}
+
+impl<'a> DeltaEvent<'a> {
+    fn read(data: &'a [u8]) -> Option<DeltaEvent<'a>> {
+        let data = std::str::from_utf8(data).ok()?.trim_ascii();
+        // An array would be read as the members in order: only objects.
+        if !data.starts_with('{') {
+            return None;
+        }
+        let event: DeltaEvent = serde_json::from_str(data).ok()?;
+        let per_token = matches!(
+            event.kind.0.as_ref(),
+            "response.output_text.delta"
+                | "response.reasoning_summary_text.delta"
+                | "response.reasoning_text.delta"
+                | "response.function_call_arguments.delta"
+                | "response.custom_tool_call_input.delta"
+        );
+        per_token.then_some(event)
     }
 }
 
@@ -644,5 +781,42 @@ mod tests {
                 json!({}),
             ]
         );
+    }
+
+    #[test]
+    fn delta_events_read_in_one_pass_give_the_chunks_the_general_reader_gives() {
+        // The same events, the second time with a member of an odd type, which sends each
+        // through the general reader.
+        let events = |odd: bool| {
+            let extra = if odd {
+                ",\"obfuscation\":7,\"output_index\":\"x\""
+            } else {
+                ""
+            };
+            let index = if odd { "" } else { ",\"output_index\":1" };
+            let list = [
+                r#"{"type":"response.created","response":{"id":"resp_1","created_at":5,"model":"g"}}"#.to_string(),
+                r#"{"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","id":"fc_1","call_id":"c1","name":"f","arguments":""}}"#.to_string(),
+                format!(r#"{{"type":"response.function_call_arguments.delta","item_id":"fc_1"{index},"delta":"{{\"a\""{extra}}}"#),
+                format!(r#"{{"type":"response.output_text.delta","item_id":"m1","content_index":0,"delta":"Hé \"q\""{extra}}}"#),
+                format!(r#"{{"type":"response.reasoning_text.delta","item_id":"r1","content_index":0,"delta":"x"{extra}}}"#),
+                format!(r#"{{"type":"response.reasoning_summary_text.delta","item_id":"r1","summary_index":1,"delta":"y"{extra}}}"#),
+            ];
+            let text: String = list.iter().map(|e| format!("data: {e}\n\n")).collect();
+            chunks(&convert(&[text.as_bytes()]))
+        };
+        let (fast, general) = (events(false), events(true));
+        assert_eq!(
+            fast.len(),
+            7,
+            "the first chunk, 5 deltas, the cut: {fast:?}"
+        );
+        assert_eq!(fast, general);
+        assert_eq!(
+            fast[2]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"],
+            "{\"a\""
+        );
+        assert_eq!(fast[3]["choices"][0]["delta"]["content"], "Hé \"q\"");
+        assert_eq!(fast[5]["choices"][0]["delta"]["reasoning_content"], "\n\ny");
     }
 }

@@ -24,10 +24,13 @@ use super::super::{shown, Untranslatable};
 const EFFORT_STEPS: [(u64, &str); 2] = [(4_096, "low"), (16_384, "medium")];
 
 /// The chat request for a Messages request `body` (already checked by the Messages reader).
-pub(crate) fn to_chat(body: &Value) -> Result<Value, Untranslatable> {
-    let Some(request) = body.as_object() else {
+pub(crate) fn to_chat(body: Value) -> Result<Value, Untranslatable> {
+    let Value::Object(mut request) = body else {
         return Err(Untranslatable::field("body", "must be a JSON object"));
     };
+    // Most of an agent's request is its tools' descriptions and schemas: moved, not copied.
+    let tools = request.remove("tools");
+    let request = &request;
     let mut out = Map::new();
     if let Some(model) = request.get("model") {
         out.insert("model".into(), model.clone());
@@ -41,8 +44,8 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, Untranslatable> {
         push_message(&mut messages, message, i)?;
     }
     out.insert("messages".into(), Value::Array(messages));
-    if let Some(tools) = request.get("tools").and_then(Value::as_array) {
-        let tools = (tools.iter().enumerate())
+    if let Some(Value::Array(tools)) = tools {
+        let tools = (tools.into_iter().enumerate())
             .map(|(i, tool)| function(tool, i))
             .collect::<Result<Vec<_>, _>>()?;
         out.insert("tools".into(), Value::Array(tools));
@@ -61,7 +64,8 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, Untranslatable> {
             out.insert(to.into(), value.clone());
         }
     }
-    if let Some(user) = body.pointer("/metadata/user_id").filter(|v| v.is_string()) {
+    let user = request.get("metadata").and_then(|m| m.get("user_id"));
+    if let Some(user) = user.filter(|v| v.is_string()) {
         out.insert("user".into(), user.clone());
     }
     if let Some(thinking) = request.get("thinking") {
@@ -209,7 +213,7 @@ fn tool_message(block: &Value, at: &str) -> Result<Value, Untranslatable> {
 }
 
 /// A client tool as a chat function; server tools and Anthropic-defined ones are refused.
-fn function(tool: &Value, i: usize) -> Result<Value, Untranslatable> {
+fn function(tool: Value, i: usize) -> Result<Value, Untranslatable> {
     match tool.get("type").and_then(Value::as_str) {
         None | Some("custom") => {}
         Some(other) => {
@@ -220,12 +224,18 @@ fn function(tool: &Value, i: usize) -> Result<Value, Untranslatable> {
             return Err(Untranslatable::field(&format!("tools[{i}]"), &why));
         }
     }
+    let Value::Object(mut tool) = tool else {
+        return Err(Untranslatable::field(
+            &format!("tools[{i}]"),
+            "must be an object",
+        ));
+    };
     let mut function = Map::new();
-    function.insert("name".into(), tool.get("name").cloned().unwrap_or_default());
-    if let Some(description) = tool.get("description") {
-        function.insert("description".into(), description.clone());
+    function.insert("name".into(), tool.remove("name").unwrap_or_default());
+    if let Some(description) = tool.remove("description") {
+        function.insert("description".into(), description);
     }
-    let schema = tool.get("input_schema").cloned();
+    let schema = tool.remove("input_schema");
     function.insert(
         "parameters".into(),
         schema.unwrap_or_else(|| json!({"type": "object"})),
@@ -285,7 +295,7 @@ mod tests {
     use super::*;
 
     fn chat(body: Value) -> Value {
-        to_chat(&body).expect("translated")
+        to_chat(body).expect("translated")
     }
 
     #[test]
@@ -414,7 +424,7 @@ mod tests {
 
     #[test]
     fn server_tools_and_blocks_without_a_chat_form_are_refused_by_name() {
-        let refused = |body: Value| to_chat(&body).unwrap_err().0;
+        let refused = |body: Value| to_chat(body).unwrap_err().0;
         assert_eq!(
             refused(
                 json!({"max_tokens": 1, "messages": [], "tools": [{"type": "web_search_20250305", "name": "web_search"}]})

@@ -13,7 +13,7 @@ use super::{Asked, Converters, StreamConvert};
 
 /// The direction's row of converters.
 pub(crate) const CONVERTERS: Converters = Converters {
-    request: request::to_chat,
+    request: |body, asked| request::to_chat(&body, asked),
     answer: answer::to_response,
     error: super::openai_error,
     stream: new_stream,

@@ -363,12 +363,15 @@ impl StreamToResponses {
         out.extend_from_slice(b"\",\"sequence_number\":");
         number(out, self.sequence);
         self.sequence += 1;
-        out.extend_from_slice(b",\"item_id\":");
-        let item_id = match &self.open {
-            Open::Call { call_id, .. } => format!("{prefix}_{call_id}"),
-            _ => format!("{prefix}_{}", self.item_id),
+        out.extend_from_slice(b",\"item_id\":\"");
+        out.extend_from_slice(prefix.as_bytes());
+        out.push(b'_');
+        let id = match &self.open {
+            Open::Call { call_id, .. } => call_id,
+            _ => &self.item_id,
         };
-        sse::write_str(out, &item_id);
+        sse::write_str_content(out, id);
+        out.push(b'"');
         out.extend_from_slice(b",\"output_index\":");
         number(out, self.output.len() as u64);
         if prefix != "fc" {
