@@ -70,7 +70,7 @@ else
     say "Node.js not found: running without the OpenID provider and the key console"
 fi
 
-KEY=$("$BIN" keys create --config "$CONF" --name "demo $(date +%FT%T)" --scopes infer,chatx,chaty,embed,claude | tail -n 1)
+KEY=$("$BIN" keys create --config "$CONF" --name "demo $(date +%FT%T)" --scopes infer,chatx,chaty,embed,claude,codex | tail -n 1)
 
 if [ "$CONSOLE" = 1 ]; then
     cat <<MSG
@@ -89,7 +89,7 @@ fi
 cat <<MSG
 
   Portcullis demo: gateway on http://127.0.0.1:8080, demo upstream on 127.0.0.1:8000.
-  A fresh API key with scopes infer,chatx,chaty,embed,claude was created in data/demo-keys.db:
+  A fresh API key with scopes infer,chatx,chaty,embed,claude,codex was created in data/demo-keys.db:
 
     export KEY=$KEY
 
@@ -117,6 +117,17 @@ cat <<MSG
     # Claude Code on it: ANTHROPIC_BASE_URL=http://127.0.0.1:8080/v1/bridge ANTHROPIC_AUTH_TOKEN=\$KEY claude
     curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/bridge/v1/messages \\
          -d '{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hello"}]}'
+    # Codex on the chat endpoint, through the bridge: a Responses call answered by chat completions.
+    curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/codex/v1/responses \\
+         -d '{"input":"hello","store":false}'
+    # Codex CLI on it: in \$CODEX_HOME/config.toml
+    #   model_provider = "portcullis"
+    #   [model_providers.portcullis]
+    #   name = "Portcullis demo"
+    #   base_url = "http://127.0.0.1:8080/v1/codex/v1"
+    #   env_key = "KEY"
+    #   wire_api = "responses"
+    # then: codex exec "say hello"
     curl -s -H "Authorization: Bearer \$KEY" http://127.0.0.1:8080/v1/embed/v1/embeddings \\
          -d '{"model":"emb-m3","input":["a","b"]}' | head -c 200; echo
     curl -s http://127.0.0.1:9100/metrics | grep ^portcullis_                           # portcullis_tokens_total too

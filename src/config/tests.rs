@@ -41,9 +41,11 @@ fn the_reference_config_parses() {
 fn the_demo_config_parses() {
     let text = std::fs::read_to_string("conf/demo.toml").unwrap();
     let services = parse(&text).unwrap().services;
-    assert_eq!(services.len(), 6);
+    assert_eq!(services.len(), 7);
     let bridge = services.iter().find(|s| s.name == "bridge").unwrap();
     assert_eq!(bridge.translate, [crate::api::Pair::MessagesToChat]);
+    let codex = services.iter().find(|s| s.name == "codex").unwrap();
+    assert_eq!(codex.translate, [crate::api::Pair::ResponsesToChat]);
 }
 
 #[test]
