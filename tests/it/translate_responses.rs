@@ -259,3 +259,48 @@ async fn the_captured_codex_request_is_translated_and_answered_as_a_stream() {
     assert_eq!(names.first().map(String::as_str), Some("response.created"));
     assert_eq!(names.last().map(String::as_str), Some("response.completed"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_budgeted_callers_translated_request_reserves_from_its_own_cap_and_is_charged_the_upstreams_usage(
+) {
+    let up = Upstream::start();
+    let codex = Service::new("codex", up.url(""))
+        .set("api", "\"openai\"")
+        .set("translate", "{ responses = \"chat\" }");
+    let gw = Gateway::builder()
+        .service(codex)
+        .extra("[budgets]\ndefault_max_tokens = 77\n[access_log]\ndestination = \"{dir}/access.log\"\n")
+        .start();
+    let (key, _) = gw.create_key("codex", &["--tokens-per-day", "1000"]);
+    // Codex states no max_output_tokens: the budgets' cap is written into the Responses body,
+    // and reaches the chat server as its max_tokens.
+    let mut body = responses_body(true);
+    body.as_object_mut().unwrap().remove("max_output_tokens");
+    let sent = send(
+        &gw.url(RESPONSES),
+        Some(&key),
+        &body,
+        "identity",
+        "rc-budget",
+    )
+    .await;
+    assert_eq!(sent.status, 200, "{}", String::from_utf8_lossy(&sent.body));
+    let upstream_body: Value = serde_json::from_slice(&up.last().body).unwrap();
+    assert_eq!(upstream_body["max_tokens"], 77);
+    let log = access_log(&gw.dir.path().join("access.log"), &["rc-budget"]);
+    assert_eq!(log["rc-budget"]["prompt_tokens"], CHAT_SSE_USAGE.prompt);
+    assert_eq!(
+        log["rc-budget"]["completion_tokens"],
+        CHAT_SSE_USAGE.completion
+    );
+    // A cap the budget cannot hold is refused before any byte goes upstream, in the gateway's
+    // own pinned shape.
+    let before = up.requests().len();
+    let mut big = responses_body(false);
+    big["max_output_tokens"] = json!(5000);
+    let sent = send(&gw.url(RESPONSES), Some(&key), &big, "identity", "rc-over").await;
+    assert_eq!(sent.status, 429, "{}", String::from_utf8_lossy(&sent.body));
+    let error: Value = serde_json::from_slice(&sent.body).unwrap();
+    assert_eq!(error["error"], "budget_exceeded");
+    assert_eq!(up.requests().len(), before);
+}
