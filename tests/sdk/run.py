@@ -43,7 +43,7 @@ from sdk_checks import (  # noqa: E402
 from provider import AUDIENCE, Idp, idp_checks, rotation_check  # noqa: E402
 from budgets import BUDGETS, budget_checks, wait_for_a_whole_day  # noqa: E402
 from agents import agent_checks, agents_service  # noqa: E402
-from bridge import bridge_checks, bridge_service  # noqa: E402
+from bridge import bridge_checks, bridge_services  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SDK_DIR = os.path.join(ROOT, "tests", "sdk")
@@ -58,8 +58,9 @@ class RunTimeout(BaseException):
 
 def config(tmp, port, metrics_port, upstream_port, gone_port, issuer, key_store=None):
     """The gateway's config (tests/gateway_config.py): the four SERVICES, `gone` (on `gone_port`,
-    where nothing listens), the agent checks' `claude`, API keys (SQLite in `tmp` unless
-    `key_store`), the provider's JWTs and budgets."""
+    where nothing listens), the agent checks' `claude`, the bridge checks' `bridge`, `bridge_codex`
+    and `bridge_gpt`, API keys (SQLite in `tmp` unless `key_store`), the provider's JWTs and
+    budgets."""
     # All four speak the OpenAI API (bodies validated, usage counted); chatx has a model policy.
     services = [{"name": s, "upstream": f"http://127.0.0.1:{upstream_port}/{s}", "api": "openai",
                  "read_timeout_seconds": 30} for s in SERVICES]
@@ -67,7 +68,7 @@ def config(tmp, port, metrics_port, upstream_port, gone_port, issuer, key_store=
     # Nothing listens here: every request to `gone` is a 502 the gateway writes itself.
     services.append({"name": "gone", "upstream": f"http://127.0.0.1:{gone_port}", "scope": "infer"})
     services.append(agents_service(upstream_port))
-    services.append(bridge_service(upstream_port))
+    services.extend(bridge_services(upstream_port))
     return {
         "comment": "written by tests/sdk/run.py", "dir": tmp, "port": port, "metrics_port": metrics_port,
         "server": {"threads": 2, "grace_period_seconds": 1, "graceful_shutdown_timeout_seconds": 1},
