@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all build deps test-deps run test soak bench fuzz fmt lint clean
+.PHONY: all build deps test-deps run test test-clients soak bench fuzz fmt lint clean
 
 all: build
 
@@ -52,6 +52,11 @@ test: test-deps
 	scripts/sdk-tests.sh
 	scripts/admin-api-tests.sh
 	scripts/browser-tests.sh
+
+# Optional: the real Claude Code and Codex CLIs (from npm, into target/clients) each complete a
+# turn through the dialect bridge (tests/clients/run.py). Not part of `make test`.
+test-clients: build
+	scripts/client-tests.sh
 
 # The soak (tests/it/soak/): one gateway for SOAK_MINUTES under paced mixed traffic and a fault
 # schedule (an upgrade every 5 minutes; key revocations, Postgres, Redis and a replica restarted,

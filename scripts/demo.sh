@@ -122,6 +122,7 @@ cat <<MSG
          -d '{"input":"hello","store":false}'
     # Codex CLI on it: in \$CODEX_HOME/config.toml
     #   model_provider = "portcullis"
+    #   web_search = "disabled"          # a tool only OpenAI runs: the bridge refuses it
     #   [model_providers.portcullis]
     #   name = "Portcullis demo"
     #   base_url = "http://127.0.0.1:8080/v1/codex/v1"

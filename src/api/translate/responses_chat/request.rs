@@ -310,9 +310,15 @@ fn add_tool(
             return Ok(());
         }
         other => {
+            let kind = other.unwrap_or("(none)");
+            // Codex offers web search unless told not to: say how.
+            let hint = match kind {
+                "web_search" | "web_search_preview" => " (Codex: web_search = \"disabled\")",
+                _ => "",
+            };
             let why = format!(
-                "is of type {}, a tool only the provider can run",
-                shown(other.unwrap_or("(none)"))
+                "is of type {}, a tool only the provider can run: leave it out{hint}",
+                shown(kind)
             );
             return Err(Untranslatable::field(at, &why));
         }
