@@ -6,15 +6,16 @@ testkit/src/upstream/model.rs), a real OpenID Provider (tests/sdk/idp.mjs, npm o
 9.x) and the real gateway binary in front of the upstream, with API keys made by the real CLI.
 Then it drives the gateway with the official `openai` Python SDK, the official `openai` Node SDK
 (tests/sdk/node.test.mjs), the agent APIs (OpenAI Responses, Anthropic Messages) through the
-official openai and anthropic SDKs of both languages (tests/sdk/agents.py, agents.test.mjs) and
-tokens from the provider, printing one line per check and, last,
+official openai and anthropic SDKs of both languages (tests/sdk/agents.py, agents.test.mjs), the
+dialect bridge through the same SDKs (tests/sdk/bridge.py, bridge.test.mjs) and tokens from the
+provider, printing one line per check and, last,
 exactly `N passed, N failed`. The gateway enforces budgets ([budgets]); the budget checks
 (tests/sdk/budgets.py and the Node file's) make budgeted keys of their own.
 
 This file starts the servers, writes the gateway's config (tests/gateway_config.py) and runs the
 suites in order. The checks live beside it: sdk_checks.py (the Python SDK with one credential),
 provider.py (the provider, and the gateway against its tokens), metering.py, budgets.py,
-agents.py; plain_http.py is the HTTP without an SDK they share.
+agents.py, bridge.py; plain_http.py is the HTTP without an SDK they share.
 
 Run through scripts/sdk-tests.sh, which installs the SDKs; by hand:
     .venv/bin/python tests/sdk/run.py [--bin target/debug/portcullis]
@@ -201,7 +202,7 @@ def main():
     ap.add_argument("--key-store", help="[auth.api_keys] database (default: a SQLite file in the temp dir)")
     ap.add_argument("--timeout", type=int, default=600, help="whole-run limit in seconds")
     ap.add_argument("--only", choices=("all", "agents"), default="all",
-                    help="agents: the agent API checks alone (Python and Node)")
+                    help="agents: the agent API and bridge checks alone (Python and Node)")
     args = ap.parse_args()
 
     def on_signal(signum, frame):
@@ -238,6 +239,7 @@ def main():
 
         run_agent_suite(res, gw)
         run_node_suite(res, gw, "agents", key_all, tmp, budgets=True, file="agents.test.mjs")
+        run_node_suite(res, gw, "bridge", key_all, tmp, budgets=True, file="bridge.test.mjs")
         if args.only == "all":
             code_token, cc_token = idp_checks(res, gw, idp)
             run_sdk_suite(res, gw, "api-key", key_all, key_embed)
