@@ -48,6 +48,8 @@ mod tests_agent_tools;
 #[cfg(test)]
 mod tests_check;
 #[cfg(test)]
+mod tests_dialects;
+#[cfg(test)]
 mod tests_tools;
 #[cfg(test)]
 mod tests_unchanged;
