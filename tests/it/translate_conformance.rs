@@ -148,7 +148,7 @@ enum Via {
 
 const MODEL: &str = "demo-1";
 const SYSTEM: &str = "You are terse.";
-/// A 1×1 PNG's bytes need not be real: the demo reads only the media type.
+/// An image's bytes: the demo reads only its media type, so the PNG signature will do.
 const PNG_BASE64: &str = "iVBORw0KGgo=";
 
 /// A tool's result, by the call's place in its turn: distinct, so the echo shows the order.
