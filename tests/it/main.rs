@@ -28,6 +28,7 @@ mod soak;
 mod tls;
 mod translate;
 mod translate_chat;
+mod translate_conformance;
 mod translate_responses;
 
 use testkit::{free_port, Gateway, Service, Upstream};

@@ -17,7 +17,8 @@
 //!              content_block_start, ping, content_block_delta ×N, content_block_stop,
 //!              message_delta (stop_reason, and usage: the cumulative output_tokens),
 //!              message_stop; a tool_use block starts with `input: {}`, then
-//!              input_json_delta ×3
+//!              input_json_delta ×3; a thinking block (the demo model's, when asked) comes
+//!              first: thinking_delta ×N, then one signature_delta
 
 use std::time::Duration;
 
@@ -263,6 +264,8 @@ impl Response<'_> {
 pub(super) struct Message<'a> {
     pub id: String,
     pub model: Value,
+    /// The thinking block's fragments, first (the demo model's when asked; none in `/oa/`).
+    pub thinking: Vec<&'a str>,
     pub deltas: Vec<&'a str>,
     /// Tools used instead of the text (the demo model's; never in `/oa/`).
     pub calls: Vec<Call>,
@@ -270,13 +273,23 @@ pub(super) struct Message<'a> {
     pub usage: MessagesUsage,
 }
 
+/// What a thinking block is signed with: Anthropic's signatures are opaque, so any constant.
+const SIGNATURE: &str = "demo-signature";
+
 impl Message<'_> {
     pub fn object(&self) -> Value {
-        let content: Vec<Value> = if self.calls.is_empty() {
-            vec![json!({"type": "text", "text": self.deltas.concat()})]
+        let mut content: Vec<Value> = Vec::new();
+        if !self.thinking.is_empty() {
+            content.push(
+                json!({"type": "thinking", "thinking": self.thinking.concat(),
+                "signature": SIGNATURE}),
+            );
+        }
+        if self.calls.is_empty() {
+            content.push(json!({"type": "text", "text": self.deltas.concat()}));
         } else {
-            self.calls.iter().map(|c| c.tool_use(true)).collect()
-        };
+            content.extend(self.calls.iter().map(|c| c.tool_use(true)));
+        }
         json!({"id": format!("msg_{}", self.id), "type": "message", "role": "assistant",
             "model": self.model, "content": content,
             "stop_reason": self.stop_reason, "stop_sequence": null, "usage": self.usage.json()})
@@ -291,17 +304,32 @@ impl Message<'_> {
         message["content"] = json!([]);
         message["stop_reason"] = Value::Null;
         message["usage"] = start_usage.json();
-        let mut blocks = vec![json!({"type": "content_block_start", "index": 0,
-            "content_block": {"type": "text", "text": ""}})];
-        blocks.extend(self.deltas.iter().map(|d| {
-            json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "text_delta", "text": d}})
-        }));
-        blocks.push(json!({"type": "content_block_stop", "index": 0}));
-        if !self.calls.is_empty() {
-            blocks = (self.calls.iter().enumerate())
-                .flat_map(|(i, c)| c.block_events(i))
-                .collect();
+        let mut blocks = Vec::new();
+        if !self.thinking.is_empty() {
+            blocks.push(json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""}}));
+            blocks.extend(self.thinking.iter().map(|d| {
+                json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "thinking_delta", "thinking": d}})
+            }));
+            // As Anthropic sends it: the signature last, just before the block stops.
+            blocks.push(json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "signature_delta", "signature": SIGNATURE}}));
+            blocks.push(json!({"type": "content_block_stop", "index": 0}));
+        }
+        let first = usize::from(!self.thinking.is_empty());
+        if self.calls.is_empty() {
+            blocks.push(json!({"type": "content_block_start", "index": first,
+                "content_block": {"type": "text", "text": ""}}));
+            blocks.extend(self.deltas.iter().map(|d| {
+                json!({"type": "content_block_delta", "index": first,
+                    "delta": {"type": "text_delta", "text": d}})
+            }));
+            blocks.push(json!({"type": "content_block_stop", "index": first}));
+        } else {
+            blocks.extend(
+                (self.calls.iter().enumerate()).flat_map(|(i, c)| c.block_events(first + i)),
+            );
         }
         let mut events = vec![json!({"type": "message_start", "message": message})];
         // A ping after the first block starts, as Anthropic sends it.
@@ -376,6 +404,7 @@ fn oa_answer(endpoint: AgentEndpoint, model: Value, stream: bool, n: u64) -> Vec
             let m = Message {
                 id: "fake".into(),
                 model,
+                thinking: Vec::new(),
                 deltas,
                 calls: Vec::new(),
                 stop_reason: "end_turn",

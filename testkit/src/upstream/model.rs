@@ -13,6 +13,8 @@
 //!   POST …/embeddings        1024 values per input, the same for the same text, L2-normalised
 //!   POST …/responses, …/messages, …/messages/count_tokens  the agent APIs (`agents.rs`)
 //!   other GET and POST       404; other methods 501
+//! Every stream takes `?cut_after=K` as the `/oa/` endpoints do: the connection drops after K
+//! events (`[DONE]` counted), no end of body sent.
 //! Tool calls (`tools.rs`), on chat, Responses and Messages alike: with function tools offered,
 //! tool_choice not none and the user's message last, the model calls the tool tool_choice
 //! names, else the first, or the first two when the user's text has the word `parallel` and
@@ -45,6 +47,8 @@ mod python;
 mod tests_agent_tools;
 #[cfg(test)]
 mod tests_check;
+#[cfg(test)]
+mod tests_dialects;
 #[cfg(test)]
 mod tests_tools;
 #[cfg(test)]
@@ -216,7 +220,8 @@ async fn reply(
 }
 
 /// The events (whole SSE events), the first `paced` of them `token_delay` apart (the first at
-/// once), the rest right after.
+/// once), the rest right after; with `?cut_after=K`, the connection drops after K of them, as
+/// on the `/oa/` endpoints (a server dying mid-answer).
 async fn stream(
     conn: &mut TcpStream,
     req: &Hit,
@@ -236,7 +241,12 @@ async fn stream(
     }
     let log = Arc::new(Mutex::new(StreamLog::default()));
     state.streams.lock().unwrap().push(log.clone());
+    let cut_after = super::openai::cut_after(req);
     for (i, event) in events.iter().enumerate() {
+        if cut_after == Some(i) {
+            log.lock().unwrap().aborted = Some(Instant::now());
+            return false;
+        }
         if i > 0 && i < paced && !model.token_delay.is_zero() {
             tokio::time::sleep(model.token_delay).await;
         }

@@ -355,3 +355,36 @@ fn the_demo_model_refuses_malformed_bodies_and_streams_tool_calls() {
     assert_eq!(done["output"][1]["arguments"], r#"{"text":"go"}"#);
     assert_eq!(done["output"][1]["call_id"], "call_0");
 }
+
+/// `?cut_after=K` in model mode: K events, then the connection drops with no end of body.
+#[test]
+fn the_demo_models_streams_are_cut_after_k_events_when_asked() {
+    let up = Upstream::model("demo", crate::net::local_addr(), Duration::ZERO);
+    for (path, body, k) in [
+        (
+            "/v1/chat/completions?cut_after=3",
+            json!({"stream": true, "messages": [{"role": "user", "content": "a b c d"}]}),
+            3,
+        ),
+        (
+            "/v1/messages?cut_after=2",
+            json!({"stream": true, "max_tokens": 9, "messages": [{"role": "user", "content": "a"}]}),
+            2,
+        ),
+    ] {
+        let body = body.to_string();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: up\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (status, _, raw) = crate::http::raw(up.port, request.as_bytes());
+        assert_eq!(status, 200);
+        let text = String::from_utf8_lossy(&raw);
+        assert_eq!(text.matches("data: ").count(), k, "{path}: {text}");
+        assert!(
+            !text.contains("[DONE]") && !text.ends_with("0\r\n\r\n"),
+            "{text}"
+        );
+    }
+}

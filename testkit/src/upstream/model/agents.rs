@@ -9,12 +9,16 @@
 //!                      `max_output_tokens` cuts the answer (status `incomplete`). Function
 //!                      calls (`tools.rs`) come after the reasoning item, in place of the
 //!                      message; the response states the request's tools and tool_choice.
-//!   POST …/messages    Anthropic Messages: `Echo: <last user text>`. The `system` text counts
-//!                      as cache_read_input_tokens, message text blocks marked `cache_control`
-//!                      as cache_creation_input_tokens, other message text as input_tokens (at
-//!                      least 1 in all); output_tokens: the answer's. `max_tokens` cuts it
-//!                      (stop_reason `max_tokens`). tool_use blocks (`tools.rs`) in place of
-//!                      the text; tool_result blocks are not counted.
+//!   POST …/messages    Anthropic Messages: with `thinking` enabled (or adaptive), a thinking
+//!                      block `Thinking about it.` (signed), then `Echo: <last user text>`.
+//!                      The `system` text counts as cache_read_input_tokens, message blocks
+//!                      marked `cache_control` as cache_creation_input_tokens, other message
+//!                      text, images and tool results as input_tokens (at least 1 in all);
+//!                      output_tokens: the answer's plus the thinking's. `max_tokens` cuts the
+//!                      answer (stop_reason `max_tokens`). tool_use blocks (`tools.rs`) in
+//!                      place of the text.
+//! Images read as chat reads them (` [image:<media type>]`, in the text echoed and counted)
+//! on both, so that one conversation counts and reads the same in all three dialects.
 //!   POST …/messages/count_tokens  `{"input_tokens": <all three prompt counts>}`, and the
 //!                      model received in `x-demo-model` (the body has no room for it).
 //! Streams: one text delta per fragment (`agents.rs` of the upstream has the event shapes).
@@ -22,7 +26,7 @@
 use serde_json::{json, Map, Value};
 
 use super::python::py_int;
-use super::text::{fragments, now};
+use super::text::{fragments, image_text, now};
 use super::{check, tools};
 use super::{received_model, Answer, Model, Refusal, REASONING};
 use crate::upstream::agents::{responses_usage_json, Message, MessagesUsage, Response};
@@ -42,13 +46,20 @@ fn cut<'a>(answer: Vec<&'a str>, max: Option<&Value>) -> (Vec<&'a str>, bool) {
     }
 }
 
-/// The text of parts: those with a `text` (input_text, output_text).
+/// The text of parts: those with a `text` (input_text, output_text), and each `input_image`
+/// read as chat reads an image part, ` [image:<media type>]`.
 fn parts_text(content: Option<&Value>) -> String {
     match content {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
             .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .filter_map(|p| match p.get("type").and_then(Value::as_str) {
+                Some("input_image") => {
+                    let url = p.get("image_url").and_then(Value::as_str).unwrap_or("");
+                    Some(image_text(url))
+                }
+                _ => p.get("text").and_then(Value::as_str).map(String::from),
+            })
             .collect(),
         _ => String::new(),
     }
@@ -151,6 +162,21 @@ fn system_text(system: Option<&Value>) -> String {
     }
 }
 
+/// The text a Messages content block reads as: a text block's text, an image as chat reads
+/// one (` [image:<media type>]`, ` [image:url]` for a URL source), a tool result's text;
+/// None for what has none (tool_use, thinking).
+fn block_text(block: &Value) -> Option<String> {
+    match block.get("type").and_then(Value::as_str) {
+        Some("image") => {
+            let source = block.get("source");
+            let media = source.and_then(|s| s.get("media_type")?.as_str());
+            Some(format!(" [image:{}]", media.unwrap_or("url")))
+        }
+        Some("tool_result") => tools::tool_result_text(&json!({"content": [block]})),
+        _ => block.get("text").and_then(Value::as_str).map(String::from),
+    }
+}
+
 /// The prompt's usage (output 0) and the last user text.
 fn messages_prompt(body: &Map<String, Value>) -> Result<(MessagesUsage, String), Refusal> {
     let Some(Value::Array(messages)) = body.get("messages") else {
@@ -170,16 +196,19 @@ fn messages_prompt(body: &Map<String, Value>) -> Result<(MessagesUsage, String),
             }
             Some(Value::Array(blocks)) => {
                 for b in blocks {
-                    let Some(t) = b.get("text").and_then(Value::as_str) else {
+                    let Some(t) = block_text(b) else {
                         continue;
                     };
-                    let n = fragments(t).len() as u64;
+                    let n = fragments(&t).len() as u64;
                     if b.get("cache_control").is_some_and(Value::is_object) {
                         usage.cache_creation += n;
                     } else {
                         usage.input += n;
                     }
-                    text.push_str(t);
+                    // A tool's result is echoed as such (`tools.rs`), never as the user's words.
+                    if b.get("type").and_then(Value::as_str) != Some("tool_result") {
+                        text.push_str(&t);
+                    }
                 }
             }
             _ => {}
@@ -211,14 +240,20 @@ pub(super) fn messages(body: &Map<String, Value>, model: &Model) -> Result<Answe
         (true, true) => (answer.len(), "max_tokens"),
         (true, false) => (answer.len(), "end_turn"),
     };
+    // Thinking only when asked, as Anthropic's models think; it counts as output.
+    let thinking = match body.get("thinking").and_then(|t| t.get("type")?.as_str()) {
+        Some("enabled" | "adaptive") => fragments(REASONING),
+        _ => Vec::new(),
+    };
     let m = Message {
         id: model.next_id("m").replace('-', "_"),
         model: json!(received_model(body)),
         stop_reason,
         usage: MessagesUsage {
-            output: output as u64,
+            output: (output + thinking.len()) as u64,
             ..usage
         },
+        thinking,
         deltas: answer,
         calls,
     };

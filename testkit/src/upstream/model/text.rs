@@ -238,15 +238,20 @@ fn part_text(part: &Value) -> String {
                 .get("image_url")
                 .and_then(|image| image.get("url")?.as_str())
                 .unwrap_or("");
-            // A data: URL names its media type: up to the first `;` or `,`.
-            let media = url
-                .strip_prefix("data:")
-                .map(|rest| &rest[..rest.find([';', ',']).unwrap_or(rest.len())])
-                .filter(|m| !m.is_empty());
-            format!(" [image:{}]", media.unwrap_or("url"))
+            image_text(url)
         }
         _ => String::new(),
     }
+}
+
+/// How the model reads an image at `url`: ` [image:<media type>]` for a data: URL, which names
+/// it (up to the first `;` or `,`), ` [image:url]` for any other.
+pub(super) fn image_text(url: &str) -> String {
+    let media = url
+        .strip_prefix("data:")
+        .map(|rest| &rest[..rest.find([';', ',']).unwrap_or(rest.len())])
+        .filter(|m| !m.is_empty());
+    format!(" [image:{}]", media.unwrap_or("url"))
 }
 
 #[cfg(test)]
