@@ -29,8 +29,8 @@ fn messages_body(stream: bool) -> Value {
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
 }
 
-/// The SSE events of a body, as (event name, data).
-fn events(body: &[u8]) -> Vec<(String, Value)> {
+/// The SSE events of a body, as (event name, data): Messages and Responses name theirs.
+pub(crate) fn events(body: &[u8]) -> Vec<(String, Value)> {
     let text = std::str::from_utf8(body).expect("UTF-8");
     (text.split("\n\n").filter(|e| !e.trim().is_empty()))
         .map(|e| {

@@ -33,17 +33,11 @@ fn responses_body(stream: bool) -> Value {
 
 /// The SSE events of a body, as (event name, data); each data names its own type.
 fn events(body: &[u8]) -> Vec<(String, Value)> {
-    let text = std::str::from_utf8(body).expect("UTF-8");
-    (text.split("\n\n").filter(|e| !e.trim().is_empty()))
-        .map(|e| {
-            let (name, data) = e.split_once('\n').expect("event and data lines");
-            let name = name.strip_prefix("event: ").expect("an event line");
-            let data: Value = serde_json::from_str(data.strip_prefix("data: ").expect("data"))
-                .expect("JSON data");
-            assert_eq!(data["type"], name);
-            (name.to_string(), data)
-        })
-        .collect()
+    let all = crate::translate::events(body);
+    for (name, data) in &all {
+        assert_eq!(data["type"], name.as_str());
+    }
+    all
 }
 
 /// Responses usage for the fake upstream's chat usage.

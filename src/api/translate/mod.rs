@@ -298,6 +298,55 @@ pub(crate) fn openai_error(status: u16, body: &[u8]) -> Value {
     json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
 }
 
+/// What the converters' unit tests share.
+#[cfg(test)]
+pub(crate) mod test_kit {
+    use serde_json::Value;
+
+    use super::{Stream, StreamConvert};
+
+    /// `chunks` of an upstream stream through `convert`, then its end: the client's bytes.
+    pub(crate) fn convert_all(convert: Box<dyn StreamConvert>, chunks: &[&[u8]]) -> Vec<u8> {
+        let mut stream = Stream::new(convert);
+        let mut out = Vec::new();
+        for chunk in chunks {
+            stream.feed(chunk, &mut out);
+        }
+        stream.finish(&mut out);
+        out
+    }
+
+    /// A converted stream's named events (Messages, Responses), as (name, data).
+    pub(crate) fn named_events(out: &[u8]) -> Vec<(String, Value)> {
+        let text = std::str::from_utf8(out).unwrap();
+        (text.split("\n\n").filter(|e| !e.is_empty()))
+            .map(|e| {
+                let (name, data) = e.split_once('\n').unwrap();
+                let name = name.strip_prefix("event: ").unwrap().to_string();
+                let data = data.strip_prefix("data: ").unwrap();
+                (name, serde_json::from_str(data).unwrap())
+            })
+            .collect()
+    }
+
+    /// `stream` (with CRLF line ends) converts to the same bytes whether it comes whole, in two
+    /// pieces split anywhere, or a byte at a time.
+    pub(crate) fn assert_split_independent(
+        make: impl Fn() -> Box<dyn StreamConvert>,
+        stream: &str,
+    ) {
+        let stream = stream.replace('\n', "\r\n");
+        let bytes = stream.as_bytes();
+        let whole = convert_all(make(), &[bytes]);
+        for at in 0..bytes.len() {
+            let split = convert_all(make(), &[&bytes[..at], &bytes[at..]]);
+            assert_eq!(split, whole, "split at {at}");
+        }
+        let singles: Vec<&[u8]> = bytes.chunks(1).collect();
+        assert_eq!(convert_all(make(), &singles), whole);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

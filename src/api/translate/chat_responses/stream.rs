@@ -526,6 +526,7 @@ impl<'a> DeltaEvent<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::translate::test_kit::{assert_split_independent, convert_all};
     use crate::api::translate::Stream;
 
     /// A Responses stream with reasoning, text and two calls, as OpenAI sends it; `named`:
@@ -588,13 +589,7 @@ mod tests {
     }
 
     fn convert_with(asked: &Asked, chunks: &[&[u8]]) -> Vec<u8> {
-        let mut conv = Stream::new(Box::new(StreamToChat::new(asked)));
-        let mut out = Vec::new();
-        for chunk in chunks {
-            conv.feed(chunk, &mut out);
-        }
-        conv.finish(&mut out);
-        out
+        convert_all(Box::new(StreamToChat::new(asked)), chunks)
     }
 
     fn convert(chunks: &[&[u8]]) -> Vec<u8> {
@@ -677,18 +672,8 @@ mod tests {
 
     #[test]
     fn the_output_does_not_depend_on_how_the_bytes_are_split() {
-        let stream = responses_stream(true).replace('\n', "\r\n");
-        let whole = convert(&[stream.as_bytes()]);
-        let bytes = stream.as_bytes();
-        for at in 0..bytes.len() {
-            assert_eq!(
-                convert(&[&bytes[..at], &bytes[at..]]),
-                whole,
-                "split at {at}"
-            );
-        }
-        let singles: Vec<&[u8]> = bytes.chunks(1).collect();
-        assert_eq!(convert(&singles), whole);
+        let make = || -> Box<dyn StreamConvert> { Box::new(StreamToChat::new(&asked(true))) };
+        assert_split_independent(make, &responses_stream(true));
     }
 
     #[test]

@@ -239,6 +239,9 @@ fn event(out: &mut Vec<u8>, name: &str, data: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::translate::test_kit::{
+        assert_split_independent, convert_all, named_events as events,
+    };
     use crate::api::translate::Stream;
 
     /// A chat stream with thinking, text, two tool calls and usage, as vLLM sends it.
@@ -261,29 +264,8 @@ mod tests {
         s
     }
 
-    /// The Messages events of a converted stream, as (name, data).
-    fn events(out: &[u8]) -> Vec<(String, Value)> {
-        let text = std::str::from_utf8(out).unwrap();
-        (text.split("\n\n").filter(|e| !e.is_empty()))
-            .map(|e| {
-                let (name, data) = e.split_once('\n').unwrap();
-                let name = name.strip_prefix("event: ").unwrap().to_string();
-                (
-                    name,
-                    serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap(),
-                )
-            })
-            .collect()
-    }
-
     fn convert(chunks: &[&[u8]]) -> Vec<u8> {
-        let mut conv = Stream::new(Box::new(StreamToMessages::new("claude-x")));
-        let mut out = Vec::new();
-        for chunk in chunks {
-            conv.feed(chunk, &mut out);
-        }
-        conv.finish(&mut out);
-        out
+        convert_all(Box::new(StreamToMessages::new("claude-x")), chunks)
     }
 
     #[test]
@@ -343,18 +325,8 @@ mod tests {
 
     #[test]
     fn the_output_does_not_depend_on_how_the_bytes_are_split() {
-        let stream = chat_stream().replace("\n", "\r\n");
-        let whole = convert(&[stream.as_bytes()]);
-        let bytes = stream.as_bytes();
-        for at in 0..bytes.len() {
-            assert_eq!(
-                convert(&[&bytes[..at], &bytes[at..]]),
-                whole,
-                "split at {at}"
-            );
-        }
-        let singles: Vec<&[u8]> = bytes.chunks(1).collect();
-        assert_eq!(convert(&singles), whole);
+        let make = || -> Box<dyn StreamConvert> { Box::new(StreamToMessages::new("claude-x")) };
+        assert_split_independent(make, &chat_stream());
     }
 
     #[test]

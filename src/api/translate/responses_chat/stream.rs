@@ -412,7 +412,7 @@ impl StreamToResponses {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::translate::Stream;
+    use crate::api::translate::test_kit::{assert_split_independent, convert_all, named_events};
 
     /// A chat stream with reasoning, text, a function call, a freeform call and usage.
     fn chat_stream(finish: &str) -> String {
@@ -445,27 +445,15 @@ mod tests {
 
     /// The events of a converted stream, as (name, data), checking each names its type.
     fn events(out: &[u8]) -> Vec<(String, Value)> {
-        let text = std::str::from_utf8(out).unwrap();
-        (text.split("\n\n").filter(|e| !e.is_empty()))
-            .map(|e| {
-                let (name, data) = e.split_once('\n').unwrap();
-                let name = name.strip_prefix("event: ").unwrap().to_string();
-                let data: Value =
-                    serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
-                assert_eq!(data["type"], name.as_str());
-                (name, data)
-            })
-            .collect()
+        let all = named_events(out);
+        for (name, data) in &all {
+            assert_eq!(data["type"], name.as_str());
+        }
+        all
     }
 
     fn convert(chunks: &[&[u8]]) -> Vec<u8> {
-        let mut conv = Stream::new(Box::new(StreamToResponses::new(&asked())));
-        let mut out = Vec::new();
-        for chunk in chunks {
-            conv.feed(chunk, &mut out);
-        }
-        conv.finish(&mut out);
-        out
+        convert_all(Box::new(StreamToResponses::new(&asked())), chunks)
     }
 
     #[test]
@@ -543,16 +531,8 @@ mod tests {
 
     #[test]
     fn the_output_does_not_depend_on_how_the_bytes_are_split() {
-        let stream = chat_stream("stop").replace('\n', "\r\n");
-        let whole = convert(&[stream.as_bytes()]);
-        let bytes = stream.as_bytes();
-        for at in 0..bytes.len() {
-            assert_eq!(
-                convert(&[&bytes[..at], &bytes[at..]]),
-                whole,
-                "split at {at}"
-            );
-        }
+        let make = || -> Box<dyn StreamConvert> { Box::new(StreamToResponses::new(&asked())) };
+        assert_split_independent(make, &chat_stream("stop"));
     }
 
     #[test]
