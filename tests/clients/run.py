@@ -103,7 +103,7 @@ def main():
                 env = {**base_env, "ANTHROPIC_BASE_URL": f"{url}/v1/claude", "ANTHROPIC_AUTH_TOKEN": key}
                 code, out = run_cli([os.path.join(bins, "claude"), "-p", "say hello"], env, work)
                 expect(code == 0, f"claude exited {code}: {out[-2000:]}")
-                expect("Echo:" in out or "hello" in out, f"the demo model's answer printed: {out[-2000:]}")
+                expect("Echo:" in out, f"the demo model's answer printed: {out[-2000:]}")
                 calls = translated_calls(log, "messages>chat")
                 expect(calls and all(s == 200 for s, _ in calls), f"translated calls answered 200: {calls}")
                 return f"{len(calls)} translated calls"

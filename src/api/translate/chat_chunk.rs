@@ -320,4 +320,25 @@ mod tests {
         assert!(ChatChunk::read(b"[1]").is_none());
         assert!(ChatChunk::read(b"not json").is_none());
     }
+
+    #[test]
+    fn both_readers_read_a_usual_chunk_alike() {
+        let data = r#"{"id":"c1","model":"qwen","created":7,"object":"chat.completion.chunk",
+            "choices":[{"index":0,"delta":{"content":"a \"b\"","reasoning_content":"r",
+            "tool_calls":[{"index":1,"id":"call_1","function":{"name":"w","arguments":"{\"x\":"}}]},
+            "finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3}}"#;
+        // Everything a converter reads, owned, for comparing.
+        let seen = |c: ChatChunk| {
+            let own = |t: &Option<Cow<str>>| t.as_deref().map(str::to_string);
+            let calls: Vec<_> = (c.tool_calls.iter())
+                .map(|t| (t.index, own(&t.id), own(&t.name), own(&t.arguments)))
+                .collect();
+            let text = [&c.id, &c.model, &c.finish_reason, &c.reasoning, &c.content].map(own);
+            (text, c.created, c.usage, c.error, calls)
+        };
+        let typed = serde_json::from_str::<Typed>(data).unwrap();
+        assert!(typed.usual());
+        let lenient = ChatChunk::read_leniently(data).unwrap();
+        assert_eq!(seen(typed.into()), seen(lenient));
+    }
 }

@@ -418,46 +418,8 @@ fn part_of(part: &Value, text_kind: &str) -> Value {
 /// A chat tool as a Responses tool: functions and custom tools flattened; other types refused
 /// (a Responses server could read an unknown type as one of its hosted tools).
 fn tool_of(tool: &Value, i: usize) -> Result<Value, Untranslatable> {
-    let kind = tool.get("type").and_then(Value::as_str);
-    let mut out = Map::new();
-    match kind {
-        Some("function") => {
-            let function = &tool["function"];
-            out.insert("type".into(), json!("function"));
-            out.insert(
-                "name".into(),
-                function.get("name").cloned().unwrap_or_default(),
-            );
-            if let Some(description) = function.get("description").filter(|v| !v.is_null()) {
-                out.insert("description".into(), description.clone());
-            }
-            // A function without parameters takes none, as on chat.
-            let parameters = function.get("parameters").filter(|v| !v.is_null());
-            let parameters = parameters.cloned();
-            out.insert(
-                "parameters".into(),
-                parameters.unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-            );
-            let strict = function.get("strict").filter(|v| !v.is_null());
-            out.insert(
-                "strict".into(),
-                strict.cloned().unwrap_or(Value::Bool(false)),
-            );
-        }
-        Some("custom") => {
-            let custom = &tool["custom"];
-            out.insert("type".into(), json!("custom"));
-            out.insert(
-                "name".into(),
-                custom.get("name").cloned().unwrap_or_default(),
-            );
-            if let Some(description) = custom.get("description").filter(|v| !v.is_null()) {
-                out.insert("description".into(), description.clone());
-            }
-            if let Some(format) = custom.get("format").filter(|v| !v.is_null()) {
-                out.insert("format".into(), custom_format(format));
-            }
-        }
+    let kind = match tool.get("type").and_then(Value::as_str) {
+        Some(kind @ ("function" | "custom")) => kind,
         other => {
             let why = format!(
                 "is of type {}, which the bridge does not translate (only function and custom)",
@@ -465,6 +427,32 @@ fn tool_of(tool: &Value, i: usize) -> Result<Value, Untranslatable> {
             );
             return Err(Untranslatable::field(&format!("tools[{i}]"), &why));
         }
+    };
+    // Chat nests the tool under its type's name; Responses does not.
+    let inner = &tool[kind];
+    let mut out = Map::new();
+    out.insert("type".into(), json!(kind));
+    out.insert(
+        "name".into(),
+        inner.get("name").cloned().unwrap_or_default(),
+    );
+    if let Some(description) = inner.get("description").filter(|v| !v.is_null()) {
+        out.insert("description".into(), description.clone());
+    }
+    if kind == "function" {
+        // A function without parameters takes none, as on chat.
+        let parameters = inner.get("parameters").filter(|v| !v.is_null()).cloned();
+        out.insert(
+            "parameters".into(),
+            parameters.unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        );
+        let strict = inner.get("strict").filter(|v| !v.is_null());
+        out.insert(
+            "strict".into(),
+            strict.cloned().unwrap_or(Value::Bool(false)),
+        );
+    } else if let Some(format) = inner.get("format").filter(|v| !v.is_null()) {
+        out.insert("format".into(), custom_format(format));
     }
     Ok(Value::Object(out))
 }

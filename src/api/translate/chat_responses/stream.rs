@@ -365,19 +365,16 @@ impl StreamToChat {
             return;
         }
         let same = |at: &(String, String, u64)| at.0 == item_id && at.1 == kind && at.2 == index;
-        let new_piece = match &self.reasoning_at {
-            Some(at) if same(at) => false,
-            Some(_) => true,
-            None => {
-                self.reasoning_at = Some((item_id.to_string(), kind.to_string(), index));
-                false
-            }
-        };
-        if new_piece {
-            self.reasoning_at = Some((item_id.to_string(), kind.to_string(), index));
-            self.send_text(out, "reasoning_content", &format!("\n\n{delta}"));
-        } else {
+        if self.reasoning_at.as_ref().is_some_and(same) {
             self.send_text(out, "reasoning_content", delta);
+            return;
+        }
+        // A new piece: set apart from the one before by a blank line, as the JSON answer joins them.
+        let after = self.reasoning_at.is_some();
+        self.reasoning_at = Some((item_id.to_string(), kind.to_string(), index));
+        match after {
+            true => self.send_text(out, "reasoning_content", &format!("\n\n{delta}")),
+            false => self.send_text(out, "reasoning_content", delta),
         }
     }
 

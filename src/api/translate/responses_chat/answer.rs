@@ -27,7 +27,7 @@ pub(crate) fn to_response(chat: &Value, asked: &Asked) -> Value {
     for call in message["tool_calls"].as_array().into_iter().flatten() {
         let function = &call["function"];
         output.push(call_item(
-            asked,
+            &asked.freeform,
             call["id"].as_str().unwrap_or_default(),
             function["name"].as_str().unwrap_or_default(),
             function["arguments"].as_str().unwrap_or("{}"),

@@ -100,8 +100,14 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
 
 /// A tool call as the client declared the tool: a freeform tool's call carries its `input`
 /// text (the function's one argument), any other a function call with its arguments.
-fn call_item(asked: &Asked, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
-    if asked.freeform.iter().any(|f| f == name) {
+fn call_item(
+    freeform: &[String],
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    status: &str,
+) -> Value {
+    if freeform.iter().any(|f| f == name) {
         return json!({
             "type": "custom_tool_call", "id": format!("ctc_{call_id}"), "status": status,
             "call_id": call_id, "name": name, "input": freeform_input(arguments),

@@ -37,7 +37,7 @@ pub(crate) struct StreamToResponses {
     /// The model the client asked for, for a stream whose chunks name none.
     model: String,
     /// The client's freeform tools.
-    asked: Asked,
+    freeform: Vec<String>,
     /// The response's id, and the items' (the chat id), once the first chunk came.
     id: String,
     item_id: String,
@@ -124,11 +124,7 @@ impl StreamToResponses {
     pub(crate) fn new(asked: &Asked) -> StreamToResponses {
         StreamToResponses {
             model: asked.model.clone(),
-            asked: Asked {
-                model: String::new(),
-                usage: false,
-                freeform: asked.freeform.clone(),
-            },
+            freeform: asked.freeform.clone(),
             id: String::new(),
             item_id: String::new(),
             created: None,
@@ -222,7 +218,7 @@ impl StreamToResponses {
             self.close(out);
             let call_id = call.id.as_deref().unwrap_or_default().to_string();
             let name = call.name.as_deref().unwrap_or_default().to_string();
-            let item = call_item(&self.asked, &call_id, &name, "", "in_progress");
+            let item = call_item(&self.freeform, &call_id, &name, "", "in_progress");
             let freeform = item["type"] == "custom_tool_call";
             self.added(out, item);
             self.open = Open::Call {
@@ -290,7 +286,7 @@ impl StreamToResponses {
                 arguments,
                 ..
             } => {
-                let item = call_item(&self.asked, &call_id, &name, &arguments, "completed");
+                let item = call_item(&self.freeform, &call_id, &name, &arguments, "completed");
                 let item_id = item["id"].as_str().unwrap_or_default().to_string();
                 if item["type"] == "custom_tool_call" {
                     let input = item["input"].clone();
