@@ -34,6 +34,7 @@ fn row(hour: i64, key: usize) -> UsageRow {
         owner: format!("owner-{}", key / KEYS_PER_OWNER),
         service: "chat".into(),
         model: format!("model-{}", key % 3),
+        team: String::new(),
         counts: UsageCounts {
             requests: 10,
             prompt_tokens: 1_100,
@@ -41,6 +42,7 @@ fn row(hour: i64, key: usize) -> UsageRow {
             reasoning_tokens: 50,
             cached_tokens: 100,
             estimated_requests: 0,
+            ..Default::default()
         },
     }
 }
@@ -68,6 +70,7 @@ fn all() -> Grouping {
         key: true,
         service: true,
         model: true,
+        team: false,
     }
 }
 
@@ -118,6 +121,7 @@ fn ledger(c: &mut Criterion) {
                 from_day: LAST - (days - 1) * DAY,
                 to_day: LAST,
                 owner: owner.map(str::to_string),
+                team: None,
                 group,
             };
             let rows = rt.block_on(store.usage(&query)).unwrap().len();

@@ -50,10 +50,15 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
-    /// Manage owners (JWT `sub`s) in the configured key store: their budgets.
+    /// Manage owners (JWT `sub`s) in the configured key store: their budgets and teams.
     Owners {
         #[command(subcommand)]
         command: budgets::OwnersCommand,
+    },
+    /// Manage teams in the configured key store: their budgets.
+    Teams {
+        #[command(subcommand)]
+        command: budgets::TeamsCommand,
     },
     /// Print the usage ledger's totals from the key store, one row per line.
     Usage {
@@ -65,10 +70,13 @@ pub enum Command {
         /// Last UTC day, YYYY-MM-DD, included (default: today).
         #[arg(long)]
         to: Option<String>,
-        /// Parts to split totals by: any of day,key,service,model (default: all four; rows
-        /// are always split by owner).
+        /// Parts to split totals by: any of day,key,service,model,team (default: the first
+        /// four; rows are always split by owner).
         #[arg(long)]
         group_by: Option<String>,
+        /// Only the usage of this team's owners.
+        #[arg(long)]
+        team: Option<String>,
         /// Print at most this many rows (in order), and say on stderr how many were left
         /// out; default: every row.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
@@ -147,16 +155,18 @@ pub fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Keys { command } => keys(command),
         Command::Owners { command } => budgets::owners(command),
+        Command::Teams { command } => budgets::teams(command),
         Command::Usage {
             config,
             from,
             to,
             group_by,
+            team,
             limit,
         } => usage::run(
             &config,
             (from.as_deref(), to.as_deref()),
-            group_by.as_deref(),
+            (group_by.as_deref(), team.as_deref()),
             limit,
         ),
     }

@@ -16,6 +16,9 @@ pub enum GatewayError {
     /// A caller with a token budget called an endpoint the gateway does not meter (or a
     /// Responses request in the background); the message names the path.
     EndpointNotMetered,
+    /// `[pricing] unpriced = "refuse"`: a caller with a cost budget named a model no price
+    /// applies to; the message names the model.
+    ModelUnpriced,
     NotFound,
     MethodNotAllowed,
     /// A body the gateway reads whole did not arrive within `buffered_body_timeout_seconds`.
@@ -61,7 +64,9 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest(_) | GatewayError::InvalidBody => 400,
             GatewayError::Unauthorized => 401,
-            GatewayError::Forbidden | GatewayError::EndpointNotMetered => 403,
+            GatewayError::Forbidden
+            | GatewayError::EndpointNotMetered
+            | GatewayError::ModelUnpriced => 403,
             GatewayError::NotFound => 404,
             GatewayError::MethodNotAllowed => 405,
             GatewayError::RequestTimeout => 408,
@@ -111,6 +116,9 @@ impl GatewayError {
             }
             GatewayError::EndpointNotMetered => {
                 br#"{"error":"endpoint_not_metered","message":"the gateway does not meter this endpoint, and the caller has a token budget"}"#
+            }
+            GatewayError::ModelUnpriced => {
+                br#"{"error":"model_unpriced","message":"no price applies to this model, and the caller has a cost budget"}"#
             }
             GatewayError::NotFound => br#"{"error":"not_found"}"#,
             GatewayError::MethodNotAllowed => {
@@ -182,6 +190,7 @@ impl GatewayError {
             GatewayError::Unauthorized => "unauthorized",
             GatewayError::Forbidden => "forbidden",
             GatewayError::EndpointNotMetered => "endpoint_not_metered",
+            GatewayError::ModelUnpriced => "model_unpriced",
             GatewayError::NotFound => "not_found",
             GatewayError::MethodNotAllowed => "method_not_allowed",
             GatewayError::RequestTimeout => "request_timeout",

@@ -105,7 +105,8 @@ pub(crate) fn serve(mut config: Config, options: ServeOptions) -> Result<(), Str
         metrics.clone(),
         access_log.clone(),
         upstreams.replicas,
-        (meter, budgets),
+        // The price table is wired in with `[pricing]` (issue 34, next commit).
+        (meter, budgets, None),
         redis.as_ref(),
     );
     let connections = Arc::new(Connections::default());

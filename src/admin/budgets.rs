@@ -1,7 +1,7 @@
 //! Budgets on the key API: the `budget` member of a create and of `PATCH /v1/keys/{id}` (read
-//! strictly: only the four names, each once, each a whole number), the rule that an owner's key
-//! never goes above the owner's own budget, the JSON of budgets, their use and their resets,
-//! and `GET`/`PUT /v1/owners/{sub}/budget`.
+//! strictly: only the six names, each once, each a whole number or, for a cost, an amount of
+//! the currency), the rule that an owner's key never goes above the owner's own budget, the
+//! JSON of budgets, their use and their resets, and `GET`/`PUT /v1/owners/{sub}/budget`.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -13,7 +13,10 @@ use serde_json::{json, Map, Value};
 use super::reply::{store_failed, Reply};
 use super::KeyEvent;
 use crate::auth::Principal;
-use crate::store::{Budget, BudgetStore, Store, Subject, WindowStarts, WindowUsage};
+use crate::pricing::money;
+use crate::store::{
+    amount_json, Budget, BudgetStore, Store, Subject, Unit, WindowStarts, WindowUsage,
+};
 use crate::time::{rfc3339, unix_now};
 
 /// The `budget` member of a request body: absent (`None`), or the budget it sets (empty for
@@ -61,7 +64,7 @@ struct Limits(Result<Budget, String>);
 
 const NOT_AN_OBJECT: &str =
     "budget must be an object of limits (tokens_per_hour, tokens_per_day, tokens_per_month, \
-     requests_per_day) or null";
+     requests_per_day, cost_per_day, cost_per_month) or null";
 
 impl<'de> Deserialize<'de> for Limits {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Limits, D::Error> {
@@ -118,8 +121,8 @@ impl<'de> Visitor<'de> for LimitsVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Limits, A::Error> {
-        let mut limits = [None; 4];
-        let mut seen = [false; 4];
+        let mut limits = [None; Budget::N];
+        let mut seen = [false; Budget::N];
         let mut problem: Option<String> = None;
         while let Some(name) = map.next_key::<Cow<str>>()? {
             let Some(i) = Budget::NAMES.iter().position(|n| *n == name) else {
@@ -128,21 +131,16 @@ impl<'de> Visitor<'de> for LimitsVisitor {
                 continue;
             };
             let value: Value = map.next_value()?;
-            let limit = whole_number(&value);
+            let limit = limit_of(Budget::UNITS[i], &value);
             let name = Budget::NAMES[i];
             match (seen[i], limit) {
                 (true, _) => {
                     problem.get_or_insert_with(|| format!("budget.{name} is given twice"));
                 }
-                (false, None) => {
-                    problem.get_or_insert_with(|| {
-                        format!(
-                            "budget.{name} must be a whole number from 0 to {}",
-                            i64::MAX
-                        )
-                    });
+                (false, Err(why)) => {
+                    problem.get_or_insert_with(|| format!("budget.{name} {why}"));
                 }
-                (false, Some(n)) => limits[i] = Some(n),
+                (false, Ok(n)) => limits[i] = Some(n),
             }
             seen[i] = true;
         }
@@ -150,6 +148,16 @@ impl<'de> Visitor<'de> for LimitsVisitor {
             Some(problem) => Err(problem),
             None => Ok(Budget::from_limits(limits)),
         }))
+    }
+}
+
+/// A limit of `unit`: a cost in the currency's units (at most six decimals), anything else a
+/// whole number; what is wrong with it otherwise, after its name.
+fn limit_of(unit: Unit, value: &Value) -> Result<u64, String> {
+    match unit {
+        Unit::Cost => money::parse_units_json(value),
+        _ => whole_number(value)
+            .ok_or_else(|| format!("must be a whole number from 0 to {}", i64::MAX)),
     }
 }
 
@@ -172,7 +180,7 @@ fn unknown_member(name: &str) -> String {
     let shown: String = name.chars().take(64).collect();
     format!(
         "budget has an unknown member {shown:?}: only tokens_per_hour, tokens_per_day, \
-         tokens_per_month and requests_per_day are accepted"
+         tokens_per_month, requests_per_day, cost_per_day and cost_per_month are accepted"
     )
 }
 
@@ -181,13 +189,14 @@ fn unknown_member(name: &str) -> String {
 /// naming the first window over it.
 pub(crate) fn beyond_owner(key: &Budget, owner: Option<&Budget>) -> Option<String> {
     let owner = owner?;
-    Budget::NAMES
-        .iter()
+    (Budget::NAMES.iter().zip(Budget::UNITS))
         .zip(key.limits().into_iter().zip(owner.limits()))
-        .find_map(|(name, limits)| match limits {
+        .find_map(|((name, unit), limits)| match limits {
             (Some(k), Some(o)) if k > o => Some(format!(
-                "budget.{name} {k} is above your own budget's {name} ({o}); \
-                 only an administrator may set it higher"
+                "budget.{name} {} is above your own budget's {name} ({}); \
+                 only an administrator may set it higher",
+                amount_json(unit, k),
+                amount_json(unit, o),
             )),
             _ => None,
         })
@@ -226,25 +235,24 @@ pub(crate) fn key_used_json(budget: &Budget, used: &WindowUsage) -> Value {
     if budget.is_empty() {
         return Value::Null;
     }
-    let fields: Map<String, Value> = Budget::NAMES
-        .iter()
+    let fields: Map<String, Value> = (Budget::NAMES.iter().zip(Budget::UNITS))
         .zip(budget.limits().into_iter().zip(used.in_order()))
         .filter(|(_, (limit, _))| limit.is_some())
-        .map(|(name, (_, n))| (name.to_string(), json!(n)))
+        .map(|((name, unit), (_, n))| (name.to_string(), amount_json(unit, n)))
         .collect();
     Value::Object(fields)
 }
 
-/// `{"budget", "used", "resets"}` of an owner: `used` and `resets` name all four windows.
-fn owner_json(budget: &Budget, used: &WindowUsage, starts: WindowStarts) -> Value {
+/// `{"budget", "used", "resets"}` of an owner or a team: `used` and `resets` name every
+/// window.
+pub(crate) fn subject_json(budget: &Budget, used: &WindowUsage, starts: WindowStarts) -> Value {
     let mut used_json = Map::new();
     let mut resets = Map::new();
-    for ((name, n), at) in Budget::NAMES
-        .iter()
+    for (((name, unit), n), at) in (Budget::NAMES.iter().zip(Budget::UNITS))
         .zip(used.in_order())
         .zip(starts.resets())
     {
-        used_json.insert(name.to_string(), json!(n));
+        used_json.insert(name.to_string(), amount_json(unit, n));
         resets.insert(name.to_string(), json!(rfc3339(at)));
     }
     json!({"budget": budget_json(budget), "used": used_json, "resets": resets})
@@ -330,6 +338,8 @@ pub(crate) async fn put_owner(
         event: "budget",
         key_id: None,
         budget_owner: Some(owner.clone()),
+        team: None,
+        member: None,
         budget: Some((!budget.is_empty()).then_some(budget)),
     };
     (owner_reply(store, &owner, &budget).await, Some(event))
@@ -344,7 +354,7 @@ async fn owner_reply(store: &dyn Store, owner: &str, budget: &Budget) -> Reply {
         Ok(used) => used,
         Err(e) => return store_failed("read an owner's usage", &e),
     };
-    let body = owner_json(budget, &used, starts);
+    let body = subject_json(budget, &used, starts);
     Reply::json(200, serde_json::to_vec(&body).unwrap_or_default())
 }
 

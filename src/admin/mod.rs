@@ -1,6 +1,7 @@
 //! The key-management API for the console, on its own listener (`[admin]`), and the reference
 //! console page. One request, top to bottom: route → CORS preflight → authenticate (JWTs only)
-//! → rate limit per `sub` → the key operation, budget (`budgets`) or usage report (`usage`) →
+//! → rate limit per `sub` → the key operation, budget (`budgets`), team (`teams`) or usage
+//! report (`usage`) →
 //! CORS and common headers → record (access log, metrics). `retention` deletes keys revoked
 //! long ago, in the background.
 
@@ -11,6 +12,7 @@ mod keys;
 mod paging;
 mod reply;
 mod retention;
+mod teams;
 mod usage;
 
 use std::sync::Arc;
@@ -79,6 +81,10 @@ enum Route<'a> {
     Key(&'a str),
     /// `/v1/owners/{sub}/budget`, the `sub` as sent (percent-encoded).
     OwnerBudget(&'a str),
+    /// `/v1/owners/{sub}/team`, the `sub` as sent.
+    OwnerTeam(&'a str),
+    /// `/v1/teams/{team}/budget`, the team as sent.
+    TeamBudget(&'a str),
     Usage,
     NotFound,
 }
@@ -86,12 +92,16 @@ enum Route<'a> {
 /// What the request did to a key or a budget, for the access log and
 /// `portcullis_key_events_total`.
 pub(crate) struct KeyEvent {
-    /// `created`, `revoked` or `budget`.
+    /// `created`, `revoked`, `budget` or `team`.
     pub event: &'static str,
-    /// The key concerned; none for an owner's budget.
+    /// The key concerned; none for an owner's or a team's budget.
     pub key_id: Option<String>,
     /// The owner whose budget changed.
     pub budget_owner: Option<String>,
+    /// The team whose budget changed, or the team an owner was put in (`Some(None)`: none).
+    pub team: Option<Option<String>>,
+    /// The owner put in a team or taken out.
+    pub member: Option<String>,
     /// On a budget change and a create with a budget: the budget now set (`Some(None)`: none).
     pub budget: Option<Option<Budget>>,
 }
@@ -102,6 +112,8 @@ impl KeyEvent {
             event,
             key_id: Some(key_id),
             budget_owner: None,
+            team: None,
+            member: None,
             budget: None,
         }
     }
@@ -134,11 +146,20 @@ impl AdminApp {
                 if let Some(id) = path.strip_prefix("/v1/keys/") {
                     return Route::Key(id);
                 }
-                let owner = path
-                    .strip_prefix("/v1/owners/")
-                    .and_then(|rest| rest.strip_suffix("/budget"));
-                if let Some(owner) = owner.filter(|o| !o.contains('/')) {
+                // `{prefix}{id}{suffix}` with one segment for the id.
+                let one = |prefix: &str, suffix: &str| {
+                    (path.strip_prefix(prefix))
+                        .and_then(|rest| rest.strip_suffix(suffix))
+                        .filter(|id| !id.contains('/'))
+                };
+                if let Some(owner) = one("/v1/owners/", "/budget") {
                     return Route::OwnerBudget(owner);
+                }
+                if let Some(owner) = one("/v1/owners/", "/team") {
+                    return Route::OwnerTeam(owner);
+                }
+                if let Some(team) = one("/v1/teams/", "/budget") {
+                    return Route::TeamBudget(team);
                 }
                 match (&self.console, path) {
                     (Some(_), "/console") => Route::ConsoleRoot,
@@ -156,7 +177,9 @@ impl AdminApp {
         match route {
             Route::Keys => "GET, POST, OPTIONS",
             Route::Key(_) => "DELETE, PATCH, OPTIONS",
-            Route::OwnerBudget(_) => "GET, PUT, OPTIONS",
+            Route::OwnerBudget(_) | Route::OwnerTeam(_) | Route::TeamBudget(_) => {
+                "GET, PUT, OPTIONS"
+            }
             Route::Usage => "GET, OPTIONS",
             _ => "GET, HEAD",
         }
@@ -187,7 +210,12 @@ impl AdminApp {
             Route::OpenApi | Route::ConsoleRoot | Route::Console(_) => {
                 return Reply::method_not_allowed(Self::allowed(route));
             }
-            Route::Keys | Route::Key(_) | Route::OwnerBudget(_) | Route::Usage => {}
+            Route::Keys
+            | Route::Key(_)
+            | Route::OwnerBudget(_)
+            | Route::OwnerTeam(_)
+            | Route::TeamBudget(_)
+            | Route::Usage => {}
         }
         if method == Method::OPTIONS {
             return cors::preflight(
@@ -199,7 +227,9 @@ impl AdminApp {
         let allowed = match route {
             Route::Keys => method == Method::GET || method == Method::POST,
             Route::Usage => method == Method::GET,
-            Route::OwnerBudget(_) => method == Method::GET || method == Method::PUT,
+            Route::OwnerBudget(_) | Route::OwnerTeam(_) | Route::TeamBudget(_) => {
+                method == Method::GET || method == Method::PUT
+            }
             _ => method == Method::DELETE || method == Method::PATCH,
         };
         if !allowed {
@@ -254,6 +284,26 @@ impl AdminApp {
             }
             Route::OwnerBudget(owner) => (
                 budgets::get_owner(&*self.store, &caller, is_admin, owner).await,
+                None,
+            ),
+            Route::OwnerTeam(owner) if method == Method::PUT => {
+                match reply::read_body(session).await {
+                    Ok(body) => teams::put_member(&*self.store, is_admin, owner, &body).await,
+                    Err(reply) => (reply, None),
+                }
+            }
+            Route::OwnerTeam(owner) => (
+                teams::get_member(&*self.store, &caller, is_admin, owner).await,
+                None,
+            ),
+            Route::TeamBudget(team) if method == Method::PUT => {
+                match reply::read_body(session).await {
+                    Ok(body) => teams::put_budget(&*self.store, is_admin, team, &body).await,
+                    Err(reply) => (reply, None),
+                }
+            }
+            Route::TeamBudget(team) => (
+                teams::get_budget(&*self.store, &caller, is_admin, team).await,
                 None,
             ),
             _ => unreachable!("other routes answered above"),

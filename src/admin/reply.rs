@@ -234,6 +234,8 @@ pub(crate) fn log_line(
             key_event: e.event,
             key_id: e.key_id.as_deref(),
             budget_owner: e.budget_owner.as_deref(),
+            team: e.team.as_ref().map(Option::as_deref),
+            member: e.member.as_deref(),
             budget: e.budget,
         }),
     }

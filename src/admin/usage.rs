@@ -1,6 +1,7 @@
 //! `GET /v1/usage`: ledger totals of a range of UTC days. A caller sees its own usage (its
 //! keys' and its own JWT calls', both billed to its `sub`); an administrator everyone's, or
-//! one owner's with `?owner=`. Rows are always split by owner, so `owner` is always present.
+//! one owner's with `?owner=` or one team's owners' with `?team=`. Rows are always split by
+//! owner, so `owner` is always present; `cost` is in the price table's currency.
 
 use serde::Serialize;
 
@@ -8,7 +9,7 @@ use super::paging;
 use super::reply::{store_failed, Reply};
 use crate::auth::Principal;
 use crate::metering::query::from_query_string;
-use crate::store::{LedgerStore, UsageTotal};
+use crate::store::{amount_json, LedgerStore, Unit, UsageTotal};
 use crate::time::{date, unix_now};
 
 /// One row as the API shows it. A part not grouped by is left out; a grouped part with no
@@ -24,11 +25,16 @@ struct Row<'a> {
     service: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     model: Option<Option<&'a str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    team: Option<Option<&'a str>>,
     requests: u64,
     prompt_tokens: u64,
     completion_tokens: u64,
     reasoning_tokens: u64,
     cached_tokens: u64,
+    /// The priced requests' cost; null when none was priced (never 0 for unpriced ones).
+    cost: serde_json::Value,
+    unpriced_requests: u64,
 }
 
 /// `''` is the ledger's "none".
@@ -44,11 +50,14 @@ impl<'a> Row<'a> {
             owner: some(&t.owner),
             service: t.service.as_deref(),
             model: t.model.as_deref().map(some),
+            team: t.team.as_deref().map(some),
             requests: t.counts.requests,
             prompt_tokens: t.counts.prompt_tokens,
             completion_tokens: t.counts.completion_tokens,
             reasoning_tokens: t.counts.reasoning_tokens,
             cached_tokens: t.counts.cached_tokens,
+            cost: (t.counts.cost()).map_or(serde_json::Value::Null, |m| amount_json(Unit::Cost, m)),
+            unpriced_requests: t.counts.unpriced_requests,
         }
     }
 }
@@ -69,6 +78,13 @@ pub(crate) async fn report(
                 403,
                 "forbidden",
                 Some("only an administrator may read another owner's usage"),
+            );
+        }
+        if q.team.is_some() {
+            return Reply::error(
+                403,
+                "forbidden",
+                Some("only an administrator may read a team's usage"),
             );
         }
         q.owner = Some(caller.id.to_string());

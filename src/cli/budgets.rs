@@ -1,6 +1,6 @@
-//! Budgets on the command line: the limit flags of `keys create`, `keys budget` and
-//! `owners budget`, the table of a budget's windows those two print, and the BUDGET and LEFT
-//! columns of `keys list`.
+//! Budgets on the command line: the limit flags of `keys create`, `keys budget`, `owners
+//! budget` and `teams budget`, `owners team`, the table of a budget's windows those print, and
+//! the BUDGET and LEFT columns of `keys list`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,12 +11,15 @@ use super::record_event;
 use crate::auth::token::KeyId;
 use crate::config::Config;
 use crate::observe::access_log::KeyEventFields;
+use crate::pricing::money;
 use crate::store::{
-    open_store, Budget, KeyRecord, LedgerStore, Store, Subject, WindowStarts, WindowUsage,
+    amount_json, open_store, Budget, KeyRecord, LedgerStore, Store, Subject, Unit, WindowStarts,
+    WindowUsage,
 };
 use crate::time::{rfc3339, unix_now};
 
-/// The four limits, each a whole number (or `none` to remove that limit).
+/// The six limits, each a whole number or an amount of the price table's currency (or `none`
+/// to remove that limit).
 #[derive(Args, Debug, Default)]
 pub struct BudgetFlags {
     /// Tokens (prompt + completion) per UTC hour; `none` removes the limit.
@@ -31,21 +34,31 @@ pub struct BudgetFlags {
     /// Requests per UTC day; `none` removes the limit.
     #[arg(long, value_name = "N")]
     requests_per_day: Option<String>,
+    /// Cost per UTC day, in the price table's currency (at most 6 decimals); `none` removes
+    /// the limit.
+    #[arg(long, value_name = "AMOUNT")]
+    cost_per_day: Option<String>,
+    /// Cost per calendar month (UTC), in the price table's currency; `none` removes the limit.
+    #[arg(long, value_name = "AMOUNT")]
+    cost_per_month: Option<String>,
 }
 
 impl BudgetFlags {
     /// The flags as given, in `Budget::NAMES` order: not given, or the limit (`None`: `none`).
     /// Checked by us, not clap, so a bad value gets the one-line reason of any other error.
-    fn given(&self) -> Result<[Option<Option<u64>>; 4], String> {
+    fn given(&self) -> Result<[Option<Option<u64>>; Budget::N], String> {
         let values = [
             &self.tokens_per_hour,
             &self.tokens_per_day,
             &self.tokens_per_month,
             &self.requests_per_day,
+            &self.cost_per_day,
+            &self.cost_per_month,
         ];
-        let mut out = [None; 4];
-        for ((slot, value), name) in out.iter_mut().zip(values).zip(Budget::NAMES) {
-            *slot = value.as_deref().map(|v| limit(name, v)).transpose()?;
+        let mut out = [None; Budget::N];
+        let named = Budget::NAMES.iter().zip(Budget::UNITS);
+        for ((slot, value), (name, unit)) in out.iter_mut().zip(values).zip(named) {
+            *slot = value.as_deref().map(|v| limit(name, unit, v)).transpose()?;
         }
         Ok(out)
     }
@@ -62,11 +75,18 @@ impl BudgetFlags {
     }
 }
 
-/// A limit flag's value: a whole number from 0 to `i64::MAX` (what the store holds), or `none`.
-fn limit(name: &str, value: &str) -> Result<Option<u64>, String> {
+/// A limit flag's value: a whole number from 0 to `i64::MAX` (what the store holds), an amount
+/// of the currency for a cost, or `none`.
+fn limit(name: &str, unit: Unit, value: &str) -> Result<Option<u64>, String> {
     let flag = format!("--{}", name.replace('_', "-"));
     if value == "none" {
         return Ok(None);
+    }
+    if unit == Unit::Cost {
+        return match money::parse_units_text(value) {
+            Ok(micros) => Ok(Some(micros)),
+            Err(why) => Err(format!("{flag}: {value:?} {why} (or none)")),
+        };
     }
     let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
     match value.parse::<u64>() {
@@ -93,6 +113,33 @@ pub enum OwnersCommand {
         #[arg(long)]
         clear: bool,
     },
+    /// Put an owner in a team (an owner is in at most one): the team's budget then covers its
+    /// keys and JWT calls too. `--clear` takes it out of its team.
+    Team {
+        #[arg(long)]
+        config: PathBuf,
+        owner: String,
+        /// The team; omitted with --clear.
+        team: Option<String>,
+        #[arg(long)]
+        clear: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TeamsCommand {
+    /// Set or clear the budget of a team: all its owners' keys and JWT calls together. Prints
+    /// the budget, what is used and when each window resets.
+    Budget {
+        #[arg(long)]
+        config: PathBuf,
+        team: String,
+        #[command(flatten)]
+        flags: BudgetFlags,
+        /// Remove the whole budget.
+        #[arg(long)]
+        clear: bool,
+    },
 }
 
 /// The budget a `budget` command asks for, given the one set now.
@@ -104,7 +151,8 @@ fn wanted(flags: &BudgetFlags, clear: bool, now: Budget) -> Result<Budget, Strin
         (false, true) => flags.apply(now),
         (false, false) => Err(
             "give the limits to set (--tokens-per-hour, --tokens-per-day, \
-             --tokens-per-month, --requests-per-day N) or --clear"
+             --tokens-per-month, --requests-per-day N, --cost-per-day, --cost-per-month \
+             AMOUNT) or --clear"
                 .into(),
         ),
     }
@@ -161,53 +209,149 @@ pub(crate) async fn set_key(
     Ok(())
 }
 
-/// `owners budget`.
+/// `owners budget` and `owners team`.
 pub(crate) fn owners(command: OwnersCommand) -> Result<(), String> {
-    let OwnersCommand::Budget {
+    match command {
+        OwnersCommand::Budget {
+            config,
+            owner,
+            flags,
+            clear,
+        } => {
+            printable_name("owner", &owner)?;
+            set_subject(&config, Subject::Owner(owner), &flags, clear)
+        }
+        OwnersCommand::Team {
+            config,
+            owner,
+            team,
+            clear,
+        } => {
+            printable_name("owner", &owner)?;
+            let team = match (team, clear) {
+                (Some(team), false) => Some(team),
+                (None, true) => None,
+                _ => return Err("give the team to put the owner in, or --clear".into()),
+            };
+            if let Some(team) = &team {
+                printable_name("team", team)?;
+            }
+            set_team(&config, &owner, team.as_deref())
+        }
+    }
+}
+
+/// `teams budget`.
+pub(crate) fn teams(command: TeamsCommand) -> Result<(), String> {
+    let TeamsCommand::Budget {
         config,
-        owner,
+        team,
         flags,
         clear,
     } = command;
-    if owner.is_empty() || owner.chars().any(char::is_control) {
-        return Err("the owner must be non-empty printable text".into());
+    printable_name("team", &team)?;
+    set_subject(&config, Subject::Team(team), &flags, clear)
+}
+
+/// An owner or a team named on the command line: non-empty printable text.
+fn printable_name(what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.chars().any(char::is_control) {
+        return Err(format!("the {what} must be non-empty printable text"));
     }
-    // Checked before the store is opened: a typo costs no connection.
-    wanted(&flags, clear, Budget::default())?;
-    let settings = Config::key_store_from_file(&config).map_err(|e| e.summary())?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    Ok(())
+}
+
+/// A runtime for one command's store calls.
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
-    runtime.block_on(async {
+        .map_err(|e| e.to_string())
+}
+
+/// Sets or clears an owner's or a team's budget, records it, prints the result.
+fn set_subject(
+    config: &Path,
+    subject: Subject,
+    flags: &BudgetFlags,
+    clear: bool,
+) -> Result<(), String> {
+    // Checked before the store is opened: a typo costs no connection.
+    wanted(flags, clear, Budget::default())?;
+    let settings = Config::key_store_from_file(config).map_err(|e| e.summary())?;
+    runtime()?.block_on(async {
         let store = open_store(&settings.database, false)
             .await
             .map_err(|e| format!("cannot open the key store: {e}"))?;
-        let now = store
-            .owner_budget(&owner)
-            .await
-            .map_err(|e| format!("cannot read the owner's budget: {e}"))?;
-        let budget = wanted(&flags, clear, now.unwrap_or_default())?;
-        store
-            .set_owner_budget(&owner, &budget)
-            .await
-            .map_err(|e| format!("cannot set the budget: {e}"))?;
+        let (now, whose) = match &subject {
+            Subject::Team(team) => (store.team_budget(team).await, "team"),
+            Subject::Owner(owner) => (store.owner_budget(owner).await, "owner"),
+            Subject::Key(_) => unreachable!("keys are set by set_key"),
+        };
+        let now = now.map_err(|e| format!("cannot read the {whose}'s budget: {e}"))?;
+        let budget = wanted(flags, clear, now.unwrap_or_default())?;
+        let (set, owner, team) = match &subject {
+            Subject::Team(team) => (store.set_team_budget(team, &budget).await, None, Some(team)),
+            Subject::Owner(owner) => (
+                store.set_owner_budget(owner, &budget).await,
+                Some(owner),
+                None,
+            ),
+            Subject::Key(_) => unreachable!("keys are set by set_key"),
+        };
+        set.map_err(|e| format!("cannot set the budget: {e}"))?;
         record_event(
-            &config,
+            config,
             KeyEventFields {
                 key_event: "budget",
                 key_id: None,
-                budget_owner: Some(&owner),
+                budget_owner: owner.map(String::as_str),
+                team: team.map(|t| Some(t.as_str())),
+                member: None,
                 budget: Some((!budget.is_empty()).then_some(budget)),
             },
         );
         let starts = WindowStarts::at(unix_now());
         let used = store
-            .window_usage(&Subject::Owner(owner.clone()), starts)
+            .window_usage(&subject, starts)
             .await
             .map_err(|e| format!("the budget is set, but its usage cannot be read: {e}"))?;
-        println!("owner:   {}", super::printable(&owner));
+        let name = owner.or(team).map_or("", String::as_str);
+        println!(
+            "{whose}:{:pad$}{}",
+            "",
+            super::printable(name),
+            pad = 8 - whose.len()
+        );
         print!("{}", windows(&budget, &used, starts));
+        Ok(())
+    })
+}
+
+/// `owners team`: puts an owner in a team (`None`: in none), records it, prints it.
+fn set_team(config: &Path, owner: &str, team: Option<&str>) -> Result<(), String> {
+    let settings = Config::key_store_from_file(config).map_err(|e| e.summary())?;
+    runtime()?.block_on(async {
+        let store = open_store(&settings.database, false)
+            .await
+            .map_err(|e| format!("cannot open the key store: {e}"))?;
+        store
+            .set_owner_team(owner, team)
+            .await
+            .map_err(|e| format!("cannot set the owner's team: {e}"))?;
+        record_event(
+            config,
+            KeyEventFields {
+                key_event: "team",
+                key_id: None,
+                budget_owner: None,
+                team: Some(team),
+                member: Some(owner),
+                budget: None,
+            },
+        );
+        println!("owner:   {}", super::printable(owner));
+        println!("team:    {}", team.map_or("-".into(), super::printable));
         Ok(())
     })
 }
@@ -216,17 +360,17 @@ pub(crate) fn owners(command: OwnersCommand) -> Result<(), String> {
 /// when it resets (`-`: no limit in that window).
 fn windows(budget: &Budget, used: &WindowUsage, starts: WindowStarts) -> String {
     let mut lines = vec![["WINDOW", "LIMIT", "USED", "LEFT", "RESETS"].map(String::from)];
-    let rows = Budget::NAMES
-        .iter()
+    let rows = (Budget::NAMES.iter().zip(Budget::UNITS))
         .zip(budget.limits())
         .zip(used.in_order())
         .zip(starts.resets());
-    for (((name, limit), used), resets) in rows {
-        let or_dash = |n: Option<u64>| n.map_or("-".to_string(), |n| n.to_string());
+    for ((((name, unit), limit), used), resets) in rows {
+        let shown = |n: u64| amount_json(unit, n).to_string();
+        let or_dash = |n: Option<u64>| n.map_or("-".to_string(), shown);
         lines.push([
             name.to_string(),
             or_dash(limit),
-            used.to_string(),
+            shown(used),
             or_dash(limit.map(|l| l.saturating_sub(used))),
             rfc3339(resets),
         ]);
@@ -236,10 +380,11 @@ fn windows(budget: &Budget, used: &WindowUsage, starts: WindowStarts) -> String 
 
 /// A budget as one word: `tokens_per_day=100000,requests_per_day=500`, `-` for none.
 pub(crate) fn one_word(budget: &Budget) -> String {
-    let set: Vec<String> = Budget::NAMES
-        .iter()
+    let set: Vec<String> = (Budget::NAMES.iter().zip(Budget::UNITS))
         .zip(budget.limits())
-        .filter_map(|(name, limit)| limit.map(|l| format!("{name}={l}")))
+        .filter_map(|((name, unit), limit)| {
+            limit.map(|l| format!("{name}={}", amount_json(unit, l)))
+        })
         .collect();
     if set.is_empty() {
         "-".into()
@@ -295,22 +440,23 @@ mod tests {
             tokens_per_day: d,
             tokens_per_month: m,
             requests_per_day: r,
+            ..BudgetFlags::default()
         }
     }
 
     #[test]
     fn flags_set_their_windows_and_keep_the_others() {
-        let base = Budget::from_limits([Some(1), Some(2), Some(3), Some(4)]);
+        let base = Budget::from_limits([Some(1), Some(2), Some(3), Some(4), None, None]);
         let f = flags([None, Some("100"), Some("none"), None]);
         assert_eq!(
             f.apply(base).unwrap(),
-            Budget::from_limits([Some(1), Some(100), None, Some(4)])
+            Budget::from_limits([Some(1), Some(100), None, Some(4), None, None])
         );
         let max = i64::MAX.to_string();
         let f = flags([Some("0"), None, None, Some(&max)]);
         assert_eq!(
             f.apply(Budget::default()).unwrap().limits(),
-            [Some(0), None, None, Some(i64::MAX as u64)]
+            [Some(0), None, None, Some(i64::MAX as u64), None, None]
         );
         let over = (i64::MAX as u64 + 1).to_string();
         for bad in [
@@ -336,11 +482,11 @@ mod tests {
 
     #[test]
     fn a_budget_command_needs_limits_or_clear_but_not_both() {
-        let base = Budget::from_limits([Some(1), None, None, None]);
+        let base = Budget::from_limits([Some(1), None, None, None, None, None]);
         let some = flags([None, Some("5"), None, None]);
         assert_eq!(
             wanted(&some, false, base).unwrap(),
-            Budget::from_limits([Some(1), Some(5), None, None])
+            Budget::from_limits([Some(1), Some(5), None, None, None, None])
         );
         assert!(wanted(&flags([None; 4]), true, base).unwrap().is_empty());
         assert!(wanted(&some, true, base).unwrap_err().contains("--clear"));
@@ -351,12 +497,13 @@ mod tests {
 
     #[test]
     fn the_window_table_and_the_list_columns() {
-        let budget = Budget::from_limits([Some(100), None, Some(1000), Some(5)]);
+        let budget = Budget::from_limits([Some(100), None, Some(1000), Some(5), None, None]);
         let used = WindowUsage {
             hour_tokens: 150,
             day_tokens: 300,
             month_tokens: 400,
             day_requests: 2,
+            ..WindowUsage::default()
         };
         let starts = WindowStarts::at(crate::time::parse_date("2026-11-25").unwrap() + 3700);
         let table = windows(&budget, &used, starts);

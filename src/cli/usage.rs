@@ -3,21 +3,23 @@
 
 use crate::config::Config;
 use crate::metering::query::usage_query;
-use crate::store::{open_store, Grouping, UsageTotal};
+use crate::store::{amount_json, open_store, Grouping, Unit, UsageTotal};
 use crate::time::{date, unix_now};
 
 pub(crate) fn run(
     config: &std::path::Path,
     (from, to): (Option<&str>, Option<&str>),
-    group_by: Option<&str>,
+    (group_by, team): (Option<&str>, Option<&str>),
     limit: Option<u64>,
 ) -> Result<(), String> {
+    let team = team.map(str::to_owned);
     // Checked before the store is opened: a typo costs no connection.
-    let query = usage_query(from, to, group_by, None, unix_now()).map_err(|e| {
+    let query = usage_query(from, to, group_by, (None, team), unix_now()).map_err(|e| {
         // The API's parameter names, as the flags are spelled here.
         e.replace("group_by", "--group-by")
             .replace("from", "--from")
             .replace("to", "--to")
+            .replace("team must", "--team must")
     })?;
     let settings = Config::key_store_from_file(config).map_err(|e| e.summary())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -45,8 +47,9 @@ pub(crate) fn run(
 }
 
 /// The header and one line per row, columns aligned: the grouped parts (a `-` where the part
-/// has no value: the key of JWT calls, an unknown model, the owner of keys made without one),
-/// then the owner and the counts.
+/// has no value: the key of JWT calls, an unknown model, the owner of keys made without one,
+/// an owner in no team), then the owner, the counts and the cost (`-`: none of the row's
+/// requests was priced).
 fn table(totals: &[UsageTotal], g: &Grouping) -> String {
     // Whatever callers chose (a model name, an owner) is shown escaped.
     let none = |s: &str| {
@@ -63,6 +66,7 @@ fn table(totals: &[UsageTotal], g: &Grouping) -> String {
         (true, "OWNER"),
         (g.service, "SERVICE"),
         (g.model, "MODEL"),
+        (g.team, "TEAM"),
     ] {
         if on {
             header.push(name.to_string());
@@ -76,6 +80,8 @@ fn table(totals: &[UsageTotal], g: &Grouping) -> String {
             "REASONING",
             "CACHED",
             "ESTIMATED",
+            "COST",
+            "UNPRICED",
         ]
         .map(String::from),
     );
@@ -87,6 +93,7 @@ fn table(totals: &[UsageTotal], g: &Grouping) -> String {
         line.push(none(&t.owner));
         line.extend(t.service.as_deref().map(none));
         line.extend(t.model.as_deref().map(none));
+        line.extend(t.team.as_deref().map(none));
         let c = &t.counts;
         line.extend(
             [
@@ -99,6 +106,11 @@ fn table(totals: &[UsageTotal], g: &Grouping) -> String {
             ]
             .map(|n| n.to_string()),
         );
+        line.push(
+            c.cost()
+                .map_or("-".into(), |m| amount_json(Unit::Cost, m).to_string()),
+        );
+        line.push(c.unpriced_requests.to_string());
         lines.push(line);
     }
     aligned(&lines)

@@ -16,11 +16,34 @@ pub(crate) use flush::{Ledger, LedgerService, FINAL_FLUSH};
 
 use crate::store::{UsageCounts, UsageRow};
 
+/// What a request cost, as the price table has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cost {
+    /// The gateway has no price table: nothing is costed, nothing counted unpriced.
+    NoTable,
+    /// No price applied to its model: counted unpriced, never costed 0.
+    Unpriced,
+    /// Its cost in micros of the table's currency.
+    Micros(u64),
+}
+
+impl Cost {
+    /// The micros a budget is charged (0 unpriced).
+    pub(crate) fn micros(self) -> u64 {
+        match self {
+            Cost::Micros(n) => n,
+            _ => 0,
+        }
+    }
+}
+
 /// One request's usage, as the proxy's record step knows it.
 pub(crate) struct Charge<'a> {
     /// None for a JWT caller.
     pub key_id: Option<&'a str>,
     pub owner: Option<&'a str>,
+    /// The owner's team when the request was made.
+    pub team: Option<&'a str>,
     pub service: &'a str,
     /// The model after the policy; None when unknown.
     pub model: Option<&'a str>,
@@ -30,6 +53,7 @@ pub(crate) struct Charge<'a> {
     pub cached_tokens: u64,
     /// The usage was estimated (an abandoned stream).
     pub estimated: bool,
+    pub cost: Cost,
 }
 
 /// Locks the record step spreads over: workers charging different rows rarely meet.
@@ -64,6 +88,8 @@ struct Entry {
     owner: Box<str>,
     service: Box<str>,
     model: Box<str>,
+    /// The owner's team as its latest request had it.
+    team: Box<str>,
     counts: UsageCounts,
 }
 
@@ -134,6 +160,9 @@ impl Meter {
             reasoning_tokens: c.reasoning_tokens,
             cached_tokens: c.cached_tokens,
             estimated_requests: u64::from(c.estimated),
+            cost_micros: c.cost.micros(),
+            priced_requests: u64::from(matches!(c.cost, Cost::Micros(_))),
+            unpriced_requests: u64::from(c.cost == Cost::Unpriced),
         };
         let hour = now - now.rem_euclid(3600);
         let model = self.model_kept(hour, c, c.model.unwrap_or(""));
@@ -143,7 +172,7 @@ impl Meter {
             c.service,
             model,
         ];
-        self.add(hour, parts, counts);
+        self.add(hour, parts, c.team.unwrap_or(""), counts);
     }
 
     /// `model`, or `(other)` once the caller has had `max_models` others this hour.
@@ -178,19 +207,25 @@ impl Meter {
         }
     }
 
-    fn add(&self, hour: i64, parts: [&str; 4], counts: UsageCounts) {
+    fn add(&self, hour: i64, parts: [&str; 4], team: &str, counts: UsageCounts) {
         let hash = self.hasher.hash_one((hour, parts));
         let shard = &self.shards[(hash >> 60) as usize % SHARDS];
         let mut rows = shard.lock().unwrap_or_else(|e| e.into_inner());
         let bucket = rows.entry(hash).or_default();
         match bucket.iter_mut().find(|e| e.is(hour, parts)) {
-            Some(entry) => entry.counts += counts,
+            Some(entry) => {
+                entry.counts += counts;
+                if *entry.team != *team {
+                    entry.team = team.into();
+                }
+            }
             None => bucket.push(Entry {
                 hour,
                 key_id: parts[0].into(),
                 owner: parts[1].into(),
                 service: parts[2].into(),
                 model: parts[3].into(),
+                team: team.into(),
                 counts,
             }),
         }
@@ -207,6 +242,7 @@ impl Meter {
                 owner: e.owner.into(),
                 service: e.service.into(),
                 model: e.model.into(),
+                team: e.team.into(),
                 counts: e.counts,
             }));
         }

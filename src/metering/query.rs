@@ -1,6 +1,7 @@
 //! What a usage report asks for, the same for `GET /v1/usage` and `portcullis usage`: a range
 //! of UTC days (`from`/`to`, inclusive; by default the 30 days ending today, at most
-//! `MAX_DAYS`) and the parts to split totals by (`group_by`, by default all four).
+//! `MAX_DAYS`), the parts to split totals by (`group_by`: day, key, service, model, team; by
+//! default the first four) and whose usage (`owner`, `team`).
 
 use crate::store::{Grouping, UsageQuery};
 use crate::time::parse_date;
@@ -12,13 +13,14 @@ pub(crate) const DEFAULT_DAYS: i64 = 30;
 const DAY: i64 = 86_400;
 
 /// The query for the days `from..=to` (either may be absent), grouped by `group_by` (absent:
-/// every part), of `owner` or of everyone; `now` is the time in unix seconds. The error names
-/// the parameter, as a 400's message or the CLI's one line.
+/// day, key, service and model), of `owner` and of `team`'s owners, or of everyone; `now` is
+/// the time in unix seconds. The error names the parameter, as a 400's message or the CLI's one
+/// line.
 pub(crate) fn usage_query(
     from: Option<&str>,
     to: Option<&str>,
     group_by: Option<&str>,
-    owner: Option<String>,
+    (owner, team): (Option<String>, Option<String>),
     now: i64,
 ) -> Result<UsageQuery, String> {
     let day = |name: &str, value: &str| {
@@ -45,17 +47,19 @@ pub(crate) fn usage_query(
             key: true,
             service: true,
             model: true,
+            team: false,
         },
     };
     Ok(UsageQuery {
         from_day,
         to_day,
         owner,
+        team,
         group,
     })
 }
 
-/// `day,key,service,model` or any part of it, in any order; empty: totals per owner only.
+/// `day,key,service,model,team` or any part of it, in any order; empty: totals per owner only.
 fn grouping(parts: &str) -> Result<Grouping, String> {
     let mut g = Grouping::default();
     for part in parts.split(',').filter(|p| !p.is_empty()) {
@@ -64,9 +68,11 @@ fn grouping(parts: &str) -> Result<Grouping, String> {
             "key" => g.key = true,
             "service" => g.service = true,
             "model" => g.model = true,
+            "team" => g.team = true,
             _ => {
                 return Err(
-                    "group_by must list parts of day,key,service,model separated by commas".into(),
+                    "group_by must list parts of day,key,service,model,team separated by commas"
+                        .into(),
                 )
             }
         }
@@ -74,27 +80,33 @@ fn grouping(parts: &str) -> Result<Grouping, String> {
     Ok(g)
 }
 
-/// The API's query string: `from`, `to`, `group_by`, `owner` (the last of each counts; other
-/// names are ignored, as `GET /v1/keys` does). The owner is checked by the caller.
+/// The API's query string: `from`, `to`, `group_by`, `owner`, `team` (the last of each counts;
+/// other names are ignored, as `GET /v1/keys` does). The owner and team are checked by the
+/// caller.
 pub(crate) fn from_query_string(query: Option<&str>, now: i64) -> Result<UsageQuery, String> {
-    let (mut from, mut to, mut group_by, mut owner) = (None, None, None, None);
+    let (mut from, mut to, mut group_by) = (None, None, None);
+    let (mut owner, mut team) = (None, None);
     for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         match &*name {
             "from" => from = Some(value.into_owned()),
             "to" => to = Some(value.into_owned()),
             "group_by" => group_by = Some(value.into_owned()),
             "owner" => owner = Some(value.into_owned()),
+            "team" => team = Some(value.into_owned()),
             _ => {}
         }
     }
     if owner.as_ref().is_some_and(|o| o.is_empty()) {
         return Err("owner must not be empty".into());
     }
+    if team.as_ref().is_some_and(|t| t.is_empty()) {
+        return Err("team must not be empty".into());
+    }
     usage_query(
         from.as_deref(),
         to.as_deref(),
         group_by.as_deref(),
-        owner,
+        (owner, team),
         now,
     )
 }
@@ -127,6 +139,9 @@ mod tests {
         assert_eq!(q.from_day, parse_date("2026-11-01").unwrap());
         assert_eq!(q.to_day, q.from_day + DAY);
         assert_eq!(q.owner.as_deref(), Some("a b"));
+        let t = from_query_string(Some("team=red&group_by=team,day"), NOW).unwrap();
+        assert_eq!(t.team.as_deref(), Some("red"));
+        assert!(t.group.team && t.group.day && !t.group.key);
         let want = Grouping {
             key: true,
             model: true,
@@ -146,6 +161,7 @@ mod tests {
             ("group_by=day,user", "group_by"),
             ("group_by=DAY", "group_by"),
             ("owner=", "owner"),
+            ("team=", "team"),
         ] {
             let e = from_query_string(Some(bad), NOW).unwrap_err();
             assert!(e.contains(named), "{bad}: {e}");

@@ -18,6 +18,8 @@ fn charge<'a>(key: Option<&'a str>, owner: Option<&'a str>, model: Option<&'a st
         reasoning_tokens: 2,
         cached_tokens: 3,
         estimated: false,
+        team: None,
+        cost: crate::metering::Cost::NoTable,
     }
 }
 
@@ -65,6 +67,7 @@ fn requests_add_up_per_hour_key_owner_service_and_model() {
             reasoning_tokens: 8,
             cached_tokens: 12,
             estimated_requests: 1,
+            ..Default::default()
         }
     );
     assert_eq!((rows[2].hour, rows[2].counts.requests), (hour + 3600, 1));
@@ -132,6 +135,7 @@ fn the_flusher_writes_to_the_store_and_keeps_rows_it_cannot_write() {
         from_day: today,
         to_day: today,
         owner: Some("alice".into()),
+        team: None,
         group: Grouping::default(),
     };
     let totals = runtime.block_on(store.usage(&query)).unwrap();

@@ -10,6 +10,7 @@ use prometheus::{
 };
 
 use crate::api::Usage;
+use crate::metering::Cost;
 
 use crate::auth::AuthFailure;
 
@@ -32,6 +33,8 @@ pub struct Metrics {
     key_store_lookups: IntCounterVec,
     jwks_fetches: IntCounterVec,
     tokens: IntCounterVec,
+    cost_micros: IntCounterVec,
+    unpriced: IntCounterVec,
     usage_unread: IntCounterVec,
     translations: IntCounterVec,
     revocation_push: IntCounterVec,
@@ -130,6 +133,22 @@ impl Metrics {
             &["service", "kind"],
         )
         .expect("valid metric");
+        let cost_micros = IntCounterVec::new(
+            Opts::new(
+                "portcullis_cost_micros_total",
+                "What priced requests cost, in millionths of the price table's currency, by service.",
+            ),
+            &["service"],
+        )
+        .expect("valid metric");
+        let unpriced = IntCounterVec::new(
+            Opts::new(
+                "portcullis_unpriced_requests_total",
+                "Requests whose model had no price that applied (never costed 0), by service.",
+            ),
+            &["service"],
+        )
+        .expect("valid metric");
         let usage_unread = IntCounterVec::new(
             Opts::new(
                 "portcullis_usage_unread_total",
@@ -212,6 +231,8 @@ impl Metrics {
             Box::new(upstream_healthy.clone()),
             Box::new(key_events.clone()),
             Box::new(tokens.clone()),
+            Box::new(cost_micros.clone()),
+            Box::new(unpriced.clone()),
             Box::new(usage_unread.clone()),
             Box::new(translations.clone()),
             Box::new(upstream_errors.clone()),
@@ -240,6 +261,8 @@ impl Metrics {
             key_store_lookups,
             jwks_fetches,
             tokens,
+            cost_micros,
+            unpriced,
             usage_unread,
             translations,
             revocation_push,
@@ -261,6 +284,7 @@ impl Metrics {
             ttfb: self.upstream_ttfb.with_label_values(&[service]),
             ok: Default::default(),
             tokens: Default::default(),
+            cost: Default::default(),
         }
     }
 
@@ -354,6 +378,20 @@ impl Metrics {
                     .get_or_init(|| self.tokens.with_label_values(&labels))
                     .inc_by(n);
             }
+        }
+    }
+
+    /// What a request cost, through a service's handles (each counter looked up once).
+    pub(crate) fn cost(&self, handles: &ServiceMetrics, cost: Cost) {
+        let service = [&*handles.service];
+        match cost {
+            Cost::NoTable => {}
+            Cost::Micros(n) => handles.cost[0]
+                .get_or_init(|| self.cost_micros.with_label_values(&service))
+                .inc_by(n),
+            Cost::Unpriced => handles.cost[1]
+                .get_or_init(|| self.unpriced.with_label_values(&service))
+                .inc(),
         }
     }
 
@@ -471,6 +509,8 @@ pub struct ServiceMetrics {
     ok: [std::sync::OnceLock<IntCounter>; 8],
     /// `portcullis_tokens_total`, per `TOKEN_KINDS`, once counted.
     tokens: [std::sync::OnceLock<IntCounter>; 4],
+    /// `portcullis_cost_micros_total` and `portcullis_unpriced_requests_total`, once counted.
+    cost: [std::sync::OnceLock<IntCounter>; 2],
 }
 
 /// The `kind` labels of `portcullis_tokens_total`, in `Usage`'s order.

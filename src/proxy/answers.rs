@@ -82,6 +82,15 @@ pub(crate) async fn over_budget(
         BudgetStop::Unavailable => {
             return reject(session, ctx, GatewayError::BudgetUnavailable).await
         }
+        BudgetStop::Unpriced(message) => {
+            let e = GatewayError::ModelUnpriced;
+            ctx.local_status = Some(e.status());
+            let head_only = session.req_header().method == Method::HEAD;
+            let id = ctx.request_id.as_str();
+            e.respond_with_message(session, id, head_only, Some(message))
+                .await?;
+            return Ok(true);
+        }
     };
     let e = GatewayError::BudgetExceeded(refusal.retry_after);
     ctx.local_status = Some(e.status());

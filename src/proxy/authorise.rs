@@ -1,6 +1,6 @@
 //! Step 4, authorise: the caller may call the service (its scope, its rate limit, the size
-//! its body declares), and on an `api` service a caller with a token budget calls only what
-//! the gateway meters (`api::unmetered_allowed`).
+//! its body declares), and on an `api` service a caller with a token or cost budget calls only
+//! what the gateway meters (`api::unmetered_allowed`).
 
 use pingora::http::RequestHeader;
 
@@ -29,7 +29,12 @@ pub(super) async fn call(
         return Err(GatewayError::RateLimited(retry_after));
     }
     validate::declared_size(req, max_body)?;
-    ctx.budget_class = budgets.and_then(|b| b.class_of(principal));
+    if let Some(budgets) = budgets {
+        let standing = budgets.standing(principal);
+        ctx.budget_class = standing.class;
+        ctx.cost_budgeted = standing.cost;
+        ctx.team = standing.team;
+    }
     let endpoint = (settings.api).and_then(|api| Endpoint::of(api, &req.method, forward));
     ctx.endpoint = endpoint;
     // No free generation: a caller with a token budget generates nothing the meter misses.

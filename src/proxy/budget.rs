@@ -8,7 +8,7 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::{Error, ErrorType, Result};
 
-use super::{Gateway, RequestCtx};
+use super::{price, Gateway, RequestCtx};
 use crate::api::{self, CapRule};
 use crate::limits::budgets::{Quota, Refusal};
 
@@ -18,9 +18,11 @@ pub(crate) enum BudgetStop {
     Over(Box<Refusal>),
     /// `503 budget_unavailable`: the counters are not seeded yet.
     Unavailable,
+    /// `403 model_unpriced`, with its message.
+    Unpriced(String),
 }
 
-/// The completion cap a request of this caller must have: only with a token budget.
+/// The completion cap a request of this caller must have: only with a token or cost budget.
 pub(super) fn cap_rule<'g>(gw: &'g Gateway, ctx: &RequestCtx) -> Option<&'g CapRule> {
     let budgets = gw.budgets.as_deref()?;
     (ctx.budget_class == Some(true)).then(|| budgets.cap_rule())
@@ -45,18 +47,24 @@ pub(super) async fn reserve(gw: &Gateway, ctx: &mut RequestCtx) -> Result<(), Bu
         ctx.budget_decided = true;
         return Err(BudgetStop::Unavailable);
     }
+    if ctx.exchange().is_some_and(|x| x.ask().is_none()) {
+        // A body held until complete: decided when it is.
+        return Ok(());
+    }
+    let price = price::price(gw, ctx);
+    if let Some(message) = price::refused_unpriced(gw, ctx, price) {
+        ctx.budget_decided = true;
+        return Err(BudgetStop::Unpriced(message));
+    }
     let ask = match ctx.body.as_mut().map(|b| &mut b.exchange) {
-        Some(exchange) => match exchange.ask() {
-            Some((bytes, cap)) => {
-                // Charged in full should its usage go unread.
-                let (prompt, completion) = budgets.worst_case(bytes, cap);
-                exchange.charge_if_unread(prompt, completion);
-                budgets.ask(bytes, cap, true)
-            }
-            // A body held until complete: decided when it is.
-            None => return Ok(()),
-        },
-        None => budgets.ask(0, None, false),
+        Some(exchange) => {
+            let (bytes, cap) = exchange.ask().unwrap_or_default();
+            // Charged in full should its usage go unread.
+            let (prompt, completion) = budgets.worst_case(bytes, cap);
+            exchange.charge_if_unread(prompt, completion);
+            budgets.ask(bytes, cap, true, price)
+        }
+        None => budgets.ask(0, None, false, None),
     };
     ctx.budget_decided = true;
     match Box::pin(budgets.reserve_for(budgeted, ask, budgets.now())).await {
@@ -99,7 +107,8 @@ pub(super) async fn settle(gw: &Gateway, ctx: &mut RequestCtx) {
         c.usage.prompt_tokens.unwrap_or(0) + c.usage.completion_tokens.unwrap_or(0)
     });
     let forwarded = ctx.upstream_sent.is_some() && !ctx.refused_held;
-    budgets.settle(*reservation, tokens, forwarded).await;
+    let cost = ctx.cost.map_or(0, |c| c.micros());
+    budgets.settle(*reservation, tokens, cost, forwarded).await;
 }
 
 /// A budgeted caller's answer states what its budget has left, in the rate headers of its API.

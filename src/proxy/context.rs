@@ -77,8 +77,12 @@ pub(crate) struct RequestCtx {
     /// A call on an endpoint of the service's `api`: its body is read (step 5).
     pub endpoint: Option<Endpoint>,
     /// Which budgets apply to the caller, looked up once when it is authorised
-    /// (`Budgets::class_of`): none, requests only, or tokens.
+    /// (`Budgets::standing`): none, requests only, or tokens or cost.
     pub budget_class: Option<bool>,
+    /// A budget of the caller's limits cost (`[pricing] unpriced = "refuse"` applies).
+    pub cost_budgeted: bool,
+    /// The caller's owner's team when the request was made, for the ledger.
+    pub team: Option<Arc<str>>,
     // 5. Body.
     /// The call on an endpoint the gateway reads, and its body; boxed, as most requests have
     /// none.
@@ -109,6 +113,9 @@ pub(crate) struct RequestCtx {
     /// (a held body's 400, 403, 408, 413, 429 or 503): not a request of the ledger's, and its
     /// `requests_per_day` comes back.
     pub refused_held: bool,
+    // 10. Record.
+    /// What the request cost, once its usage is settled.
+    pub cost: Option<crate::metering::Cost>,
 }
 
 impl RequestCtx {
@@ -135,6 +142,8 @@ impl Default for RequestCtx {
             route: None,
             endpoint: None,
             budget_class: None,
+            cost_budgeted: false,
+            team: None,
             body: None,
             budget_decided: false,
             budget: None,
@@ -147,6 +156,7 @@ impl Default for RequestCtx {
             streaming: false,
             local_status: None,
             refused_held: false,
+            cost: None,
         }
     }
 }

@@ -22,6 +22,7 @@ mod budget;
 mod context;
 mod headers;
 mod path;
+mod price;
 mod record;
 mod respond;
 mod rewrite;
@@ -54,6 +55,7 @@ use crate::limits::SharedRedis;
 use crate::metering::Meter;
 use crate::observe::access_log::AccessLog;
 use crate::observe::metrics::{Metrics, ServiceMetrics};
+use crate::pricing::Pricing;
 use crate::replicas::Replicas;
 
 pub(crate) struct Gateway {
@@ -68,8 +70,10 @@ pub(crate) struct Gateway {
     metrics: Arc<Metrics>,
     access_log: AccessLog,
     meter: Arc<Meter>,
-    /// `[budgets]`: limits on what keys and owners may use.
+    /// `[budgets]`: limits on what keys, owners and teams may use.
     budgets: Option<Arc<Budgets>>,
+    /// `[pricing]`: what requests cost.
+    pricing: Option<Arc<Pricing>>,
     /// `[metering] tail_seconds`: how long a metered answer is read on after the client left.
     tail: Option<Duration>,
 }
@@ -103,10 +107,10 @@ impl Gateway {
         metrics: Arc<Metrics>,
         access_log: AccessLog,
         replicas: Vec<Arc<Replicas>>,
-        metering: (Arc<Meter>, Option<Arc<Budgets>>),
+        metering: (Arc<Meter>, Option<Arc<Budgets>>, Option<Arc<Pricing>>),
         redis: Option<&Arc<SharedRedis>>,
     ) -> Gateway {
-        let (meter, budgets) = metering;
+        let (meter, budgets, pricing) = metering;
         Gateway {
             routes: Route::all(config, &metrics, replicas, redis),
             local_metrics: metrics.for_service("_local"),
@@ -118,6 +122,7 @@ impl Gateway {
             access_log,
             meter,
             budgets,
+            pricing,
             tail: Some(config.metering.tail).filter(|t| !t.is_zero()),
         }
     }
@@ -306,6 +311,7 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = record::status(session, ctx);
         record::settle_usage(self, status, e, ctx);
+        record::settle_cost(self, status, ctx);
         record::charge_ledger(self, status, ctx);
         budget::settle(self, ctx).await;
         record::metrics(self, session, status, ctx);

@@ -6,8 +6,8 @@ use std::time::SystemTime;
 use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType};
 
-use super::{answers, Gateway, RequestCtx};
-use crate::metering::Charge;
+use super::{answers, price, Gateway, RequestCtx};
+use crate::metering::{Charge, Cost};
 use crate::observe::access_log::{millis, path_only, HttpFields, ProxiedFields, Record};
 use crate::time::rfc3339_millis;
 
@@ -86,6 +86,7 @@ pub(crate) fn charge<'a>(ctx: &'a RequestCtx, service: &'a str, status: u16) -> 
     Some(Charge {
         key_id: principal.key_id(),
         owner: principal.owner.as_deref(),
+        team: ctx.team.as_deref(),
         service,
         // The model named by a caller whose request failed is not a model anyone served: a
         // caller could add a ledger row per name it makes up.
@@ -97,6 +98,7 @@ pub(crate) fn charge<'a>(ctx: &'a RequestCtx, service: &'a str, status: u16) -> 
         reasoning_tokens: usage.reasoning_tokens.unwrap_or(0),
         cached_tokens: usage.cached_tokens.unwrap_or(0),
         estimated: charged.is_some_and(|c| c.estimated),
+        cost: ctx.cost.unwrap_or(Cost::NoTable),
     })
 }
 
@@ -131,6 +133,16 @@ pub(super) fn settle_usage(gw: &Gateway, status: u16, e: Option<&Error>, ctx: &m
         exchange.translation_result(status, e.is_some()),
     ) {
         gw.metrics.translated(service, pair.name(), result);
+    }
+}
+
+/// What the request cost, once its usage is settled: only a request the ledger charges.
+pub(super) fn settle_cost(gw: &Gateway, status: u16, ctx: &mut RequestCtx) {
+    let handles = gw.service_metrics(ctx);
+    if charge(ctx, handles.service(), status).is_some() {
+        let cost = price::cost(gw, ctx);
+        gw.metrics.cost(handles, cost);
+        ctx.cost = Some(cost);
     }
 }
 

@@ -26,7 +26,8 @@ fn key(id: &str, owner: &str, budget: Budget) -> StoredKey {
 }
 
 fn budget(limits: [Option<u64>; 4]) -> Budget {
-    Budget::from_limits(limits)
+    let [h, d, m, r] = limits;
+    Budget::from_limits([h, d, m, r, None, None])
 }
 
 /// Keys and owners: written, read back, stamped, cleared (keeping the stamp).
@@ -136,6 +137,7 @@ fn row(hour: i64, key: &str, owner: &str, n: u64) -> UsageRow {
         owner: owner.into(),
         service: "infer".into(),
         model: "m".into(),
+        team: String::new(),
         counts: UsageCounts {
             requests: n,
             prompt_tokens: 11 * n,
@@ -143,6 +145,7 @@ fn row(hour: i64, key: &str, owner: &str, n: u64) -> UsageRow {
             reasoning_tokens: 2 * n,
             cached_tokens: n,
             estimated_requests: 0,
+            ..Default::default()
         },
     }
 }
@@ -153,6 +156,7 @@ fn used(hour: u64, day: u64, month: u64, requests: u64) -> WindowUsage {
         day_tokens: day,
         month_tokens: month,
         day_requests: requests,
+        ..WindowUsage::default()
     }
 }
 
@@ -249,7 +253,7 @@ fn limits_fit_the_columns() {
     let max = i64::MAX as u64;
     assert_eq!(
         columns(&budget([Some(0), None, Some(max), None])).unwrap(),
-        [Some(0), None, Some(i64::MAX), None]
+        [Some(0), None, Some(i64::MAX), None, None, None]
     );
     let err = columns(&budget([None, None, None, Some(max + 1)])).unwrap_err();
     assert!(err.to_string().contains("requests_per_day"), "{err}");

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 
-use super::{StoreError, Subject};
+use super::{Budget, StoreError, Subject};
 
-/// What one (hour, key, owner, service, model) used.
+/// What one (hour, key, owner, service, model) used, and what it cost.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UsageCounts {
     pub requests: u64,
@@ -19,6 +19,19 @@ pub struct UsageCounts {
     pub cached_tokens: u64,
     /// Requests whose usage was estimated (an abandoned stream).
     pub estimated_requests: u64,
+    /// What the priced requests cost, in micros of the price table's currency.
+    pub cost_micros: u64,
+    /// Requests a price applied to (`cost_micros` is theirs; none: no cost to show).
+    pub priced_requests: u64,
+    /// Requests of a gateway with a price table whose model had no price that applied.
+    pub unpriced_requests: u64,
+}
+
+impl UsageCounts {
+    /// The cost to show: none when no request was priced (never 0 for unpriced ones).
+    pub fn cost(&self) -> Option<u64> {
+        (self.priced_requests > 0).then_some(self.cost_micros)
+    }
 }
 
 impl std::ops::AddAssign for UsageCounts {
@@ -29,6 +42,9 @@ impl std::ops::AddAssign for UsageCounts {
         self.reasoning_tokens += o.reasoning_tokens;
         self.cached_tokens += o.cached_tokens;
         self.estimated_requests += o.estimated_requests;
+        self.cost_micros += o.cost_micros;
+        self.priced_requests += o.priced_requests;
+        self.unpriced_requests += o.unpriced_requests;
     }
 }
 
@@ -42,26 +58,31 @@ pub struct UsageRow {
     pub owner: String,
     pub service: String,
     pub model: String,
+    /// The owner's team when the request was made (`''`: none). Not part of the row's
+    /// identity: an owner in another team by the flush updates it.
+    pub team: String,
     pub counts: UsageCounts,
 }
 
-/// Which of day, key, service and model a query splits its totals by. Totals are always split
-/// by owner as well.
+/// Which of day, key, service, model and team a query splits its totals by. Totals are always
+/// split by owner as well.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Grouping {
     pub day: bool,
     pub key: bool,
     pub service: bool,
     pub model: bool,
+    pub team: bool,
 }
 
 /// Totals from `usage_daily` for the UTC days `from_day..=to_day` (unix seconds of each day's
-/// start), of one owner or of everyone.
+/// start), of one owner, of one team's owners, or of everyone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageQuery {
     pub from_day: i64,
     pub to_day: i64,
     pub owner: Option<String>,
+    pub team: Option<String>,
     pub group: Grouping,
 }
 
@@ -74,6 +95,7 @@ pub struct UsageTotal {
     pub owner: String,
     pub service: Option<String>,
     pub model: Option<String>,
+    pub team: Option<String>,
     pub counts: UsageCounts,
 }
 
@@ -105,30 +127,36 @@ impl WindowStarts {
     }
 
     /// Unix seconds when each window of `Budget::NAMES` ends (its count starts again).
-    pub fn resets(&self) -> [i64; 4] {
+    pub fn resets(&self) -> [i64; Budget::N] {
         let ends = self.ends();
-        [ends.hour, ends.day, ends.month, ends.day]
+        [
+            ends.hour, ends.day, ends.month, ends.day, ends.day, ends.month,
+        ]
     }
 }
 
 /// What the ledger holds for one subject in the current windows (tokens: prompt +
-/// completion).
+/// completion; costs in micros).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WindowUsage {
     pub hour_tokens: u64,
     pub day_tokens: u64,
     pub month_tokens: u64,
     pub day_requests: u64,
+    pub day_cost: u64,
+    pub month_cost: u64,
 }
 
 impl WindowUsage {
     /// What each limit of a budget counts against, in `Budget::NAMES` order.
-    pub fn in_order(&self) -> [u64; 4] {
+    pub fn in_order(&self) -> [u64; Budget::N] {
         [
             self.hour_tokens,
             self.day_tokens,
             self.month_tokens,
             self.day_requests,
+            self.day_cost,
+            self.month_cost,
         ]
     }
 }
@@ -179,8 +207,8 @@ pub trait LedgerStore: Send + Sync {
         }
         Ok(out)
     }
-    /// The ledger's totals in the windows starting at `starts`, for every key and every
-    /// owner with usage in the month (owner `''` and key `''` left out).
+    /// The ledger's totals in the windows starting at `starts`, for every key, owner and team
+    /// with usage in the month (`''`, none, left out).
     async fn all_window_usage(
         &self,
         _starts: WindowStarts,

@@ -7,14 +7,17 @@ use super::sql_bounds::with_sql_bounds;
 use super::{Grouping, StoreError, UsageCounts, UsageQuery, UsageRow, UsageTotal};
 
 /// Rows per `INSERT` statement: far under either database's limit on bound parameters
-/// (11 per row), and few statements per flush.
+/// (`PARAMS` per row), and few statements per flush.
 pub(super) const CHUNK: usize = 500;
 
 const DAY: i64 = 86_400;
 
+/// Bound parameters per row: the time, five texts and the counts.
+const PARAMS: usize = 6 + COUNT_COLUMNS.len();
+
 impl UsageCounts {
     /// In column order; the databases store signed 64 bits, which no real count reaches.
-    fn columns(&self) -> [i64; 6] {
+    fn columns(&self) -> [i64; COUNT_COLUMNS.len()] {
         [
             self.requests,
             self.prompt_tokens,
@@ -22,6 +25,9 @@ impl UsageCounts {
             self.reasoning_tokens,
             self.cached_tokens,
             self.estimated_requests,
+            self.cost_micros,
+            self.priced_requests,
+            self.unpriced_requests,
         ]
         .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
     }
@@ -38,10 +44,16 @@ impl UsageRow {
         )
     }
 
-    /// The five key columns then the six counts, as bound to a statement.
-    pub(super) fn values(&self) -> ([&str; 4], [i64; 6]) {
+    /// The texts (the key's four, then the team) and the counts, as bound after the time.
+    pub(super) fn values(&self) -> ([&str; 5], [i64; COUNT_COLUMNS.len()]) {
         (
-            [&self.key_id, &self.owner, &self.service, &self.model],
+            [
+                &self.key_id,
+                &self.owner,
+                &self.service,
+                &self.model,
+                &self.team,
+            ],
             self.counts.columns(),
         )
     }
@@ -111,8 +123,8 @@ with_sql_bounds!(
         let mut query = sqlx::query_scalar::<_, String>(&sql)
             .bind(q.from_day)
             .bind(q.to_day);
-        if let Some(owner) = &q.owner {
-            query = query.bind(owner.as_str());
+        for filter in [&q.owner, &q.team].into_iter().flatten() {
+            query = query.bind(filter.as_str());
         }
         let json = query.fetch_one(pool).await?;
         totals(&json, &q.group)
@@ -140,7 +152,10 @@ pub(super) fn daily(rows: &[UsageRow]) -> Vec<UsageRow> {
     let mut merged: Vec<UsageRow> = Vec::with_capacity(days.len());
     for row in days {
         match merged.last_mut() {
-            Some(last) if last.key() == row.key() => last.counts += row.counts,
+            Some(last) if last.key() == row.key() => {
+                last.counts += row.counts;
+                last.team = row.team;
+            }
             _ => merged.push(row),
         }
     }
@@ -162,7 +177,9 @@ pub(super) fn add_sql(table: Table, rows: usize, mark: char) -> String {
     };
     let values: Vec<String> = (0..rows)
         .map(|r| {
-            let params: Vec<String> = (1..=11).map(|c| format!("{mark}{}", r * 11 + c)).collect();
+            let params: Vec<String> = (1..=PARAMS)
+                .map(|c| format!("{mark}{}", r * PARAMS + c))
+                .collect();
             format!("({})", params.join(", "))
         })
         .collect();
@@ -171,32 +188,37 @@ pub(super) fn add_sql(table: Table, rows: usize, mark: char) -> String {
         .map(|c| format!("{c} = {name}.{c} + excluded.{c}"))
         .collect();
     format!(
-        "INSERT INTO {name} ({time}, key_id, owner, service, model, {counts}) VALUES {values} \
-         ON CONFLICT ({time}, key_id, owner, service, model) DO UPDATE SET {adds}",
+        "INSERT INTO {name} ({time}, key_id, owner, service, model, team, {counts}) \
+         VALUES {values} ON CONFLICT ({time}, key_id, owner, service, model) \
+         DO UPDATE SET {adds}, team = excluded.team",
         counts = COUNT_COLUMNS.join(", "),
         values = values.join(", "),
         adds = adds.join(", "),
     )
 }
 
-const COUNT_COLUMNS: [&str; 6] = [
+const COUNT_COLUMNS: [&str; 9] = [
     "requests",
     "prompt_tokens",
     "completion_tokens",
     "reasoning_tokens",
     "cached_tokens",
     "estimated_requests",
+    "cost_micros",
+    "priced_requests",
+    "unpriced_requests",
 ];
 
 /// The grouping columns of a query, in output order (owner always).
 fn group_columns(g: &Grouping) -> Vec<&'static str> {
-    let mut columns = Vec::with_capacity(5);
+    let mut columns = Vec::with_capacity(6);
     for (on, column) in [
         (g.day, "day"),
         (g.key, "key_id"),
         (true, "owner"),
         (g.service, "service"),
         (g.model, "model"),
+        (g.team, "team"),
     ] {
         if on {
             columns.push(column);
@@ -205,8 +227,8 @@ fn group_columns(g: &Grouping) -> Vec<&'static str> {
     columns
 }
 
-/// The statement of `LedgerStore::usage`; parameters: first day, last day, then the owner when
-/// filtered. Read through the primary key (a day range) or `usage_daily_owner` (one owner's
+/// The statement of `LedgerStore::usage`; parameters: first day, last day, then the owner and
+/// the team when filtered. Read through the primary key (a day range) or `usage_daily_owner` (one owner's
 /// days). The database returns the whole answer as one JSON array of row arrays (grouped parts,
 /// then the counts): a report of thousands of rows then costs one value to fetch, where row by
 /// row the drivers spent more time than the query itself (`benches/ledger.rs`). Sums are cast
@@ -218,12 +240,14 @@ pub(super) fn usage_sql(q: &UsageQuery, postgres: bool) -> String {
         .iter()
         .map(|c| format!("CAST(SUM({c}) AS BIGINT) AS {c}"))
         .collect();
-    let owner = if q.owner.is_some() {
-        format!(" AND owner = {mark}3")
-    } else {
-        String::new()
-    };
-    let filter = format!("day >= {mark}1 AND day <= {mark}2{owner}");
+    let mut filter = format!("day >= {mark}1 AND day <= {mark}2");
+    let mut next = 3;
+    for (on, column) in [(q.owner.is_some(), "owner"), (q.team.is_some(), "team")] {
+        if on {
+            filter.push_str(&format!(" AND {column} = {mark}{next}"));
+            next += 1;
+        }
+    }
     let g = &q.group;
     let rows = if g.day && g.key && g.service && g.model {
         // Grouped by every part: each daily row is a group of its own, so the rows are read as
@@ -261,11 +285,12 @@ pub(super) fn totals(json: &str, g: &Grouping) -> Result<Vec<UsageTotal>, StoreE
         let owner = text(&mut cells, true)?.unwrap_or_default();
         let service = text(&mut cells, g.service)?;
         let model = text(&mut cells, g.model)?;
-        let mut counts = [0u64; 6];
+        let team = text(&mut cells, g.team)?;
+        let mut counts = [0u64; COUNT_COLUMNS.len()];
         for count in &mut counts {
             *count = number(&mut cells)?.max(0) as u64;
         }
-        let [requests, prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens, estimated_requests] =
+        let [requests, prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens, estimated_requests, cost_micros, priced_requests, unpriced_requests] =
             counts;
         out.push(UsageTotal {
             day,
@@ -273,6 +298,7 @@ pub(super) fn totals(json: &str, g: &Grouping) -> Result<Vec<UsageTotal>, StoreE
             owner,
             service,
             model,
+            team,
             counts: UsageCounts {
                 requests,
                 prompt_tokens,
@@ -280,12 +306,15 @@ pub(super) fn totals(json: &str, g: &Grouping) -> Result<Vec<UsageTotal>, StoreE
                 reasoning_tokens,
                 cached_tokens,
                 estimated_requests,
+                cost_micros,
+                priced_requests,
+                unpriced_requests,
             },
         });
     }
     out.sort_by(|a, b| {
-        (a.day, &a.key_id, &a.owner, &a.service, &a.model)
-            .cmp(&(b.day, &b.key_id, &b.owner, &b.service, &b.model))
+        (a.day, &a.key_id, &a.owner, &a.service, &a.model, &a.team)
+            .cmp(&(b.day, &b.key_id, &b.owner, &b.service, &b.model, &b.team))
     });
     Ok(out)
 }
@@ -352,3 +381,31 @@ pub(super) const MIGRATION_BATCHES: &str = "
     );
     CREATE INDEX IF NOT EXISTS usage_batches_written ON usage_batches (written_at);
 ";
+
+/// Step 8 on SQLite (one column per `ALTER TABLE`): what each ledger row cost, how many of its
+/// requests were priced and unpriced, and its owner's team, with indexes for a team's hours and
+/// days (team budgets, `GET /v1/usage?team=`). Existing rows keep their counts, with no cost.
+pub(super) const MIGRATION_COSTS_SQLITE: &str = "
+    ALTER TABLE usage_hourly ADD COLUMN team TEXT NOT NULL DEFAULT '';
+    ALTER TABLE usage_hourly ADD COLUMN cost_micros BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE usage_hourly ADD COLUMN priced_requests BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE usage_hourly ADD COLUMN unpriced_requests BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE usage_daily ADD COLUMN team TEXT NOT NULL DEFAULT '';
+    ALTER TABLE usage_daily ADD COLUMN cost_micros BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE usage_daily ADD COLUMN priced_requests BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE usage_daily ADD COLUMN unpriced_requests BIGINT NOT NULL DEFAULT 0;
+    CREATE INDEX IF NOT EXISTS usage_hourly_team ON usage_hourly (team, hour);
+    CREATE INDEX IF NOT EXISTS usage_daily_team ON usage_daily (team, day);";
+
+/// Step 8 on Postgres: the same, with `IF NOT EXISTS` on the columns too.
+pub(super) const MIGRATION_COSTS_POSTGRES: &str = "
+    ALTER TABLE usage_hourly ADD COLUMN IF NOT EXISTS team TEXT NOT NULL DEFAULT '',
+        ADD COLUMN IF NOT EXISTS cost_micros BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS priced_requests BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS unpriced_requests BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE usage_daily ADD COLUMN IF NOT EXISTS team TEXT NOT NULL DEFAULT '',
+        ADD COLUMN IF NOT EXISTS cost_micros BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS priced_requests BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS unpriced_requests BIGINT NOT NULL DEFAULT 0;
+    CREATE INDEX IF NOT EXISTS usage_hourly_team ON usage_hourly (team, hour);
+    CREATE INDEX IF NOT EXISTS usage_daily_team ON usage_daily (team, day);";

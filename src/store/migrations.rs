@@ -76,6 +76,18 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sqlite: ledger_sql::MIGRATION_BATCHES,
         postgres: ledger_sql::MIGRATION_BATCHES,
     },
+    // Money and teams (`budget_sql.rs`, `ledger_sql.rs`): cost limits on keys and owners, team
+    // budgets and owners' teams; the ledger's cost, priced and unpriced requests and team.
+    Migration {
+        version: 7,
+        sqlite: budget_sql::MIGRATION_TEAMS_SQLITE,
+        postgres: budget_sql::MIGRATION_TEAMS_POSTGRES,
+    },
+    Migration {
+        version: 8,
+        sqlite: ledger_sql::MIGRATION_COSTS_SQLITE,
+        postgres: ledger_sql::MIGRATION_COSTS_POSTGRES,
+    },
 ];
 
 /// Where both stores record the steps they applied.

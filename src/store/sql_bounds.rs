@@ -9,8 +9,8 @@
 
 /// Wraps functions generic over one database `DB` (`fn name<DB>(…) -> … { … }`, `async` or
 /// not) and gives each what the shared statements need of it: running on a pool or a
-/// transaction, binding `i64`, `Option<i64>` and `&str`, and reading `String`, `i64` and
-/// `Vec<u8>` by column name or position. Invoked with parentheses, so rustfmt formats the
+/// transaction, binding `i64`, `Option<i64>`, `&str` and `Option<&str>`, and reading `String`,
+/// `Option<String>`, `i64` and `Vec<u8>` by column name or position. Invoked with parentheses, so rustfmt formats the
 /// functions inside.
 macro_rules! with_sql_bounds {
     () => {};
@@ -31,6 +31,8 @@ macro_rules! with_sql_bounds {
             for<'q> i64: sqlx::Encode<'q, $db> + sqlx::Type<$db>,
             for<'q> Option<i64>: sqlx::Encode<'q, $db> + sqlx::Type<$db>,
             for<'q> &'q str: sqlx::Encode<'q, $db> + sqlx::Type<$db>,
+            for<'q> Option<&'q str>: sqlx::Encode<'q, $db> + sqlx::Type<$db>,
+            for<'r> Option<String>: sqlx::Decode<'r, $db> + sqlx::Type<$db>,
             for<'r> String: sqlx::Decode<'r, $db> + sqlx::Type<$db>,
             for<'r> i64: sqlx::Decode<'r, $db> + sqlx::Type<$db>,
             for<'r> Vec<u8>: sqlx::Decode<'r, $db> + sqlx::Type<$db>,

@@ -17,7 +17,7 @@ use super::migrations::{newer_than_known, MIGRATIONS, MIGRATIONS_TABLE};
 use super::{budget_sql, ledger_sql, window_sql};
 use super::{
     Budget, BudgetChange, BudgetStore, KeyRecord, KeyStore, LedgerStore, PageEnd, StoreError,
-    StoredKey, Subject, UsageQuery, UsageRow, UsageTotal, WindowStarts, WindowUsage,
+    StoredKey, Subject, TeamChange, UsageQuery, UsageRow, UsageTotal, WindowStarts, WindowUsage,
 };
 
 /// Brings a database to the current schema inside one `BEGIN IMMEDIATE` transaction, so two
@@ -162,16 +162,16 @@ impl KeyStore for SqliteStore {
 
     async fn insert_capped(&self, key: &StoredKey, cap: u32, now: i64) -> Result<bool, StoreError> {
         let r = &key.record;
-        let [hour, day, month, requests] = budget_sql::columns(&r.budget)?;
+        let [hour, day, month, requests, cost_day, cost_month] = budget_sql::columns(&r.budget)?;
         // Stamped on the store's clock when the key has a budget (?14/$14: whether it has).
         let stamped = (!r.budget.is_empty()).then_some(1i64);
         // One statement: SQLite holds the write lock from the count to the insert.
         let done = sqlx::query(
             "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, expires_at, owner,
                  tokens_per_hour, tokens_per_day, tokens_per_month, requests_per_day,
-                 budget_changed_at)
+                 budget_changed_at, cost_per_day, cost_per_month)
              SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?11, ?12, ?13,
-                 CASE WHEN ?14 IS NULL THEN NULL ELSE CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER) END
+                 CASE WHEN ?14 IS NULL THEN NULL ELSE CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER) END, ?15, ?16
              WHERE ?7 IS NULL OR (SELECT count(*) FROM api_keys WHERE owner = ?7
                  AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?8)) < ?9",
         )
@@ -189,6 +189,8 @@ impl KeyStore for SqliteStore {
         .bind(month)
         .bind(requests)
         .bind(stamped)
+        .bind(cost_day)
+        .bind(cost_month)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
@@ -298,14 +300,34 @@ impl BudgetStore for SqliteStore {
     }
 
     async fn owner_budget(&self, owner: &str) -> Result<Option<Budget>, StoreError> {
-        budget_sql::owner_budget(&self.pool, owner, '?').await
+        budget_sql::limits_row(&self.pool, ("owner_budgets", "owner"), owner, '?').await
     }
 
     async fn set_owner_budget(&self, owner: &str, budget: &Budget) -> Result<(), StoreError> {
-        budget_sql::set_owner(&self.pool, owner, budget, '?').await
+        budget_sql::set_limits_row(&self.pool, ("owner_budgets", "owner"), owner, budget, '?').await
     }
 
     async fn budget_changes(&self, since_ms: i64) -> Result<Vec<BudgetChange>, StoreError> {
         budget_sql::changes(&self.pool, since_ms, '?').await
+    }
+
+    async fn team_budget(&self, team: &str) -> Result<Option<Budget>, StoreError> {
+        budget_sql::limits_row(&self.pool, ("team_budgets", "team"), team, '?').await
+    }
+
+    async fn set_team_budget(&self, team: &str, budget: &Budget) -> Result<(), StoreError> {
+        budget_sql::set_limits_row(&self.pool, ("team_budgets", "team"), team, budget, '?').await
+    }
+
+    async fn owner_team(&self, owner: &str) -> Result<Option<String>, StoreError> {
+        budget_sql::owner_team(&self.pool, owner, '?').await
+    }
+
+    async fn set_owner_team(&self, owner: &str, team: Option<&str>) -> Result<(), StoreError> {
+        budget_sql::set_owner_team(&self.pool, owner, team, '?').await
+    }
+
+    async fn team_changes(&self, since_ms: i64) -> Result<Vec<TeamChange>, StoreError> {
+        budget_sql::team_changes(&self.pool, since_ms, '?').await
     }
 }

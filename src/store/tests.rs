@@ -85,7 +85,7 @@ async fn a_file_of_every_earlier_schema_opens_with_its_keys() {
         // Every step of the shared list; the old counter counts the steps after the table.
         assert_eq!(
             recorded(&path).await,
-            (vec![1, 2, 3, 4, 5, 6], 5),
+            (vec![1, 2, 3, 4, 5, 6, 7, 8], 7),
             "with_owner = {with_owner}"
         );
     }
@@ -98,7 +98,7 @@ async fn a_new_file_records_the_shared_steps() {
     let url = format!("sqlite://{}", path.display());
     SqliteStore::open(&url).await.unwrap();
     SqliteStore::open(&url).await.unwrap();
-    assert_eq!(recorded(&path).await, (vec![1, 2, 3, 4, 5, 6], 5));
+    assert_eq!(recorded(&path).await, (vec![1, 2, 3, 4, 5, 6, 7, 8], 7));
 }
 
 /// A key of `owner` made at `created_at`.
@@ -188,6 +188,7 @@ fn row(hour: i64, key: &str, owner: &str, service: &str, model: &str, n: u64) ->
         owner: owner.into(),
         service: service.into(),
         model: model.into(),
+        team: String::new(),
         counts: UsageCounts {
             requests: n,
             prompt_tokens: 11 * n,
@@ -195,6 +196,7 @@ fn row(hour: i64, key: &str, owner: &str, service: &str, model: &str, n: u64) ->
             reasoning_tokens: 2 * n,
             cached_tokens: n,
             estimated_requests: 0,
+            ..Default::default()
         },
     }
 }
@@ -204,6 +206,7 @@ fn query(from: i64, to: i64, owner: Option<&str>, group: Grouping) -> UsageQuery
         from_day: from,
         to_day: to,
         owner: owner.map(str::to_string),
+        team: None,
         group,
     }
 }
@@ -247,6 +250,7 @@ async fn ledger_adds_up_and_reports(store: &dyn LedgerStore) {
         key: true,
         service: true,
         model: true,
+        team: false,
     };
     let rows = store.usage(&query(D0, D0, None, all)).await.unwrap();
     let got: Vec<_> = rows

@@ -17,6 +17,7 @@ pub(super) fn column_of(subject: &Subject) -> (&'static str, &str) {
     match subject {
         Subject::Key(key_id) => ("key_id", key_id),
         Subject::Owner(owner) => ("owner", owner),
+        Subject::Team(team) => ("team", team),
     }
 }
 
@@ -55,7 +56,9 @@ pub(super) fn window_sql(column: &str, which: Which, mark: char) -> [String; 2] 
             "SELECT {column}, \
              CAST(SUM(CASE WHEN day = {mark}1 THEN {tokens} ELSE 0 END) AS BIGINT), \
              CAST(SUM(CASE WHEN day = {mark}1 THEN requests ELSE 0 END) AS BIGINT), \
-             CAST(SUM({tokens}) AS BIGINT) FROM usage_daily \
+             CAST(SUM({tokens}) AS BIGINT), \
+             CAST(SUM(CASE WHEN day = {mark}1 THEN cost_micros ELSE 0 END) AS BIGINT), \
+             CAST(SUM(cost_micros) AS BIGINT) FROM usage_daily \
              WHERE day >= {mark}2 AND {filter} GROUP BY {column}",
             filter = filter(3)
         ),
@@ -101,6 +104,8 @@ with_sql_bounds!(
                 used.day_tokens = count(row.try_get(1)?);
                 used.day_requests = count(row.try_get(2)?);
                 used.month_tokens = count(row.try_get(3)?);
+                used.day_cost = count(row.try_get(4)?);
+                used.month_cost = count(row.try_get(5)?);
             }
             for row in hours.fetch_all(&mut *tx).await? {
                 out.entry(row.try_get(0)?).or_default().hour_tokens = count(row.try_get(1)?);
@@ -110,7 +115,7 @@ with_sql_bounds!(
         Ok(out)
     }
 
-    /// `LedgerStore::all_window_usage`: every key, then every owner, four grouped statements in
+    /// `LedgerStore::all_window_usage`: every key, owner and team, six grouped statements in
     /// all.
     pub(super) async fn all_window_usage<DB>(
         pool: &Pool<DB>,
@@ -119,10 +124,12 @@ with_sql_bounds!(
     ) -> Result<Vec<(Subject, WindowUsage)>, StoreError> {
         let keys = window_usage(pool, "key_id", None, starts, mark).await?;
         let owners = window_usage(pool, "owner", None, starts, mark).await?;
+        let teams = window_usage(pool, "team", None, starts, mark).await?;
         let mut out: Vec<(Subject, WindowUsage)> = keys
             .into_iter()
             .map(|(k, u)| (Subject::Key(k), u))
             .chain(owners.into_iter().map(|(o, u)| (Subject::Owner(o), u)))
+            .chain(teams.into_iter().map(|(t, u)| (Subject::Team(t), u)))
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)

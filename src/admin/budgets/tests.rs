@@ -3,7 +3,8 @@
 use super::*;
 
 fn limits(b: &Budget) -> [Option<u64>; 4] {
-    b.limits()
+    let [h, d, m, r, ..] = b.limits();
+    [h, d, m, r]
 }
 
 #[test]
@@ -22,6 +23,13 @@ fn budget_members() {
     assert_eq!(
         limits(&floats.unwrap().unwrap()),
         [None, Some(1000), None, Some(5)]
+    );
+    // Costs are amounts of the currency, to the micro.
+    let costs = budget_member(br#"{"budget":{"cost_per_day":12.5,"cost_per_month":0.000001}}"#);
+    let costs = costs.unwrap().unwrap();
+    assert_eq!(
+        (costs.cost_per_day, costs.cost_per_month),
+        (Some(12_500_000), Some(1))
     );
     for clear in [&br#"{"budget":null}"#[..], br#"{"budget":{}}"#] {
         assert!(budget_member(clear).unwrap().unwrap().is_empty());
@@ -71,6 +79,18 @@ fn budget_members() {
             br#"{"budget":{"requests_per_day":99999999999999999999999}}"#,
             "budget.requests_per_day must be",
         ),
+        (
+            br#"{"budget":{"cost_per_day":-1}}"#,
+            "budget.cost_per_day must be",
+        ),
+        (
+            br#"{"budget":{"cost_per_month":0.0000001}}"#,
+            "budget.cost_per_month may have at most 6 decimals",
+        ),
+        (
+            br#"{"budget":{"cost_per_day":"5"}}"#,
+            "budget.cost_per_day must be a number",
+        ),
         (br#"{"budget":5}"#, "budget must be an object"),
         (
             br#"{"budget":[{"tokens_per_day":5}]}"#,
@@ -116,11 +136,11 @@ fn patch_and_put_bodies() {
 
 #[test]
 fn a_key_stays_within_its_owner_budget() {
-    let owner = Budget::from_limits([None, Some(1000), None, Some(10)]);
-    let within = Budget::from_limits([Some(5000), Some(1000), Some(1), None]);
+    let owner = Budget::from_limits([None, Some(1000), None, Some(10), None, None]);
+    let within = Budget::from_limits([Some(5000), Some(1000), Some(1), None, None, None]);
     assert_eq!(beyond_owner(&within, Some(&owner)), None);
     assert_eq!(beyond_owner(&within, None), None);
-    let over = Budget::from_limits([None, Some(999), None, Some(11)]);
+    let over = Budget::from_limits([None, Some(999), None, Some(11), None, None]);
     let message = beyond_owner(&over, Some(&owner)).unwrap();
     assert!(
         message.starts_with("budget.requests_per_day 11"),
@@ -140,12 +160,13 @@ fn owners_in_paths() {
 
 #[test]
 fn json_shapes() {
-    let budget = Budget::from_limits([Some(100), None, None, Some(5)]);
+    let budget = Budget::from_limits([Some(100), None, None, Some(5), None, None]);
     let used = WindowUsage {
         hour_tokens: 7,
         day_tokens: 8,
         month_tokens: 9,
         day_requests: 1,
+        ..WindowUsage::default()
     };
     assert_eq!(
         budget_json(&budget),
@@ -158,17 +179,37 @@ fn json_shapes() {
     );
     assert_eq!(key_used_json(&Budget::default(), &used), Value::Null);
     let starts = WindowStarts::at(crate::time::parse_date("2026-12-31").unwrap() + 60);
-    let owner = owner_json(&Budget::default(), &used, starts);
+    let owner = subject_json(&Budget::default(), &used, starts);
     assert_eq!(
         owner,
         json!({
             "budget": null,
             "used": {"tokens_per_hour": 7, "tokens_per_day": 8, "tokens_per_month": 9,
-                     "requests_per_day": 1},
+                     "requests_per_day": 1, "cost_per_day": 0, "cost_per_month": 0},
             "resets": {"tokens_per_hour": "2026-12-31T01:00:00Z",
                        "tokens_per_day": "2027-01-01T00:00:00Z",
                        "tokens_per_month": "2027-01-01T00:00:00Z",
-                       "requests_per_day": "2027-01-01T00:00:00Z"}
+                       "requests_per_day": "2027-01-01T00:00:00Z",
+                       "cost_per_day": "2027-01-01T00:00:00Z",
+                       "cost_per_month": "2027-01-01T00:00:00Z"}
         })
+    );
+    // Costs in the currency's units: whole ones as integers, at most six decimals.
+    let costly = Budget {
+        cost_per_day: Some(2_500_000),
+        cost_per_month: Some(40_000_000),
+        ..Budget::default()
+    };
+    assert_eq!(
+        budget_json(&costly),
+        json!({"cost_per_day": 2.5, "cost_per_month": 40})
+    );
+    let spent = WindowUsage {
+        day_cost: 1_234_567,
+        ..WindowUsage::default()
+    };
+    assert_eq!(
+        key_used_json(&costly, &spent),
+        json!({"cost_per_day": 1.234567, "cost_per_month": 0})
     );
 }

@@ -9,11 +9,11 @@ use super::window::{Kind, Windows};
 use super::{Ask, Refused, Who};
 use crate::store::{Budget, WindowStarts, WindowUsage};
 
-/// One subject's four counters, each for the window it was last counted in.
+/// One subject's counters, each for the window it was last counted in.
 #[derive(Debug, Clone, Copy, Default)]
 struct Counts {
-    start: [i64; 4],
-    used: [u64; 4],
+    start: [i64; Budget::N],
+    used: [u64; Budget::N],
 }
 
 impl Counts {
@@ -32,6 +32,7 @@ impl Counts {
 struct Table {
     keys: HashMap<Box<str>, Counts>,
     owners: HashMap<Box<str>, Counts>,
+    teams: HashMap<Box<str>, Counts>,
 }
 
 impl Table {
@@ -39,6 +40,7 @@ impl Table {
         let (map, id) = match who {
             Who::Key(id) => (&mut self.keys, id),
             Who::Owner(id) => (&mut self.owners, id),
+            Who::Team(id) => (&mut self.teams, id),
         };
         // A lookup without allocating; the id is copied once, when first counted.
         if !map.contains_key(id) {
@@ -54,7 +56,7 @@ pub(crate) struct Local {
 }
 
 /// What the counters held after a request was admitted: per subject, the counter values.
-pub(crate) type Used = [[u64; 4]; 2];
+pub(crate) type Used = [[u64; Budget::N]; 3];
 
 impl Local {
     /// Checks every limited counter of every subject and, when all fit, adds the request to
@@ -75,7 +77,7 @@ impl Local {
                         continue;
                     };
                     let used = *counts.at(kind, kind.start(&windows.starts));
-                    let amount = kind.amount(ask.tokens, ask.requests);
+                    let amount = kind.amount(ask);
                     if used >= limit || used.saturating_add(amount) > limit {
                         return Err(Refused {
                             subject: n,
@@ -88,12 +90,12 @@ impl Local {
                 }
             }
         }
-        let mut after = [[0; 4]; 2];
+        let mut after = [[0; Budget::N]; 3];
         for (n, (who, _)) in subjects.iter().enumerate() {
             let counts = table.counts(*who);
             for kind in Kind::ALL {
                 let counter = counts.at(kind, kind.start(&windows.starts));
-                *counter = counter.saturating_add(kind.amount(ask.tokens, ask.requests));
+                *counter = counter.saturating_add(kind.amount(ask));
                 after[n][kind.index()] = *counter;
             }
         }
@@ -101,14 +103,13 @@ impl Local {
     }
 
     /// Replaces a reservation made in the windows of `starts` by what was used: adds
-    /// `tokens` (negative: a refund) and `requests` to each subject's counters still in
-    /// those windows.
+    /// `deltas` (tokens, requests, cost; negative: a refund) to each subject's counters still
+    /// in those windows.
     pub(crate) fn adjust<'w>(
         &self,
         subjects: impl Iterator<Item = Who<'w>>,
         starts: &WindowStarts,
-        tokens: i64,
-        requests: i64,
+        deltas: (i64, i64, i64),
     ) {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
         for who in subjects {
@@ -118,12 +119,7 @@ impl Local {
                 if counts.start[i] != kind.start(starts) {
                     continue;
                 }
-                let delta = if kind.counts_tokens() {
-                    tokens
-                } else {
-                    requests
-                };
-                counts.used[i] = counts.used[i].saturating_add_signed(delta);
+                counts.used[i] = counts.used[i].saturating_add_signed(kind.delta(deltas));
             }
         }
     }

@@ -1,9 +1,11 @@
-//! Budgets: per-key and per-owner limits on tokens per hour, day and month and requests per
-//! day, in fixed UTC windows (`[budgets]`, docs/budgets.md).
+//! Budgets: per-key, per-owner and per-team limits on tokens per hour, day and month, requests
+//! per day and cost per day and month, in fixed UTC windows (`[budgets]`, docs/budgets.md,
+//! docs/costs.md).
 //!
 //! The request flow asks `reserve` once the body is read and before anything is forwarded:
-//! the request's worst case (prompt estimate + the completion tokens it may use) is reserved
-//! on every limited counter of its key and its owner at once, or it is refused. `settle`, in
+//! the request's worst case (prompt estimate + the completion tokens it may use, and that
+//! priced) is reserved on every limited counter of its key, its owner and its owner's team at
+//! once, or it is refused. `settle`, in
 //! the record phase, replaces the reservation by what the response really used. Counters are
 //! per process (`local.rs`, seeded from the ledger) or, with `[rate_limits] redis`, shared by
 //! the fleet (`shared.rs`), falling back to per process while Redis fails. `sync.rs` keeps the
@@ -27,7 +29,8 @@ use crate::auth::Principal;
 use crate::config::{BudgetSettings, Enforcement};
 use crate::limits::SharedRedis;
 use crate::observe::metrics::Metrics;
-use crate::store::{Budget, Store, Subject};
+use crate::pricing::Price;
+use crate::store::{amount_json, Budget, Store, Subject, Unit};
 use crate::time::{rfc3339, Clock};
 use local::Local;
 use shared::{Counter, Reply, Shared};
@@ -38,11 +41,12 @@ use window::{Kind, Windows};
 /// per subject and window, or after Redis lost its data); past it, this process's own count.
 const SEED_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Whose counter: an API key, or an owner (a key's owner or a JWT `sub`).
+/// Whose counter: an API key, an owner (a key's owner or a JWT `sub`), or a team.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Who<'a> {
     Key(&'a str),
     Owner(&'a str),
+    Team(&'a str),
 }
 
 impl Who<'_> {
@@ -50,6 +54,7 @@ impl Who<'_> {
         match self {
             Who::Key(id) => Subject::Key(id.to_owned()),
             Who::Owner(id) => Subject::Owner(id.to_owned()),
+            Who::Team(id) => Subject::Team(id.to_owned()),
         }
     }
 
@@ -57,18 +62,20 @@ impl Who<'_> {
         match self {
             Who::Key(id) => format!("key {id}"),
             Who::Owner(id) => format!("owner {id:?}"),
+            Who::Team(id) => format!("team {id:?}"),
         }
     }
 }
 
-/// What a request asks of its budgets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a request asks of its budgets: tokens, one request, and its cost in micros.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Ask {
     pub tokens: u64,
     pub requests: u64,
+    pub cost: u64,
 }
 
-/// A counter without room: which subject (0: the first budgeted) and which window.
+/// A counter without room: which subject (0: key, 1: owner, 2: team) and which window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Refused {
     pub subject: usize,
@@ -79,26 +86,41 @@ pub(crate) struct Refused {
     pub asked: u64,
 }
 
-/// Who has which budget: swapped whole when a budget changes (rarely), read lock-free. A
-/// cleared budget stays as an empty one: it overrides the budget a cached key was looked up
-/// with.
+/// Who has which budget and which owner is in which team: swapped whole when one changes
+/// (rarely), read lock-free. A cleared budget stays as an empty one: it overrides the budget a
+/// cached key was looked up with.
 #[derive(Default, Clone)]
 pub(crate) struct Table {
     keys: HashMap<Box<str>, Budget>,
     owners: HashMap<Box<str>, Budget>,
+    teams: HashMap<Arc<str>, Budget>,
+    /// Owner → its team (owners in none are left out).
+    members: HashMap<Box<str>, Arc<str>>,
 }
 
 impl Table {
     fn set(&mut self, subject: &Subject, budget: Budget) {
-        let (map, id) = match subject {
-            Subject::Key(id) => (&mut self.keys, id),
-            Subject::Owner(id) => (&mut self.owners, id),
+        match subject {
+            Subject::Key(id) => self.keys.insert(id.as_str().into(), budget),
+            Subject::Owner(id) => self.owners.insert(id.as_str().into(), budget),
+            Subject::Team(id) => self.teams.insert(id.as_str().into(), budget),
         };
-        map.insert(id.as_str().into(), budget);
+    }
+
+    fn set_team(&mut self, owner: &str, team: Option<&str>) {
+        match team {
+            Some(team) => self.members.insert(owner.into(), team.into()),
+            None => self.members.remove(owner),
+        };
+    }
+
+    /// The team of `owner`, if any.
+    fn team_of(&self, owner: Option<&str>) -> Option<&Arc<str>> {
+        self.members.get(owner?)
     }
 
     /// The budgets that apply to `principal`, non-empty ones only: its key's (as the table
-    /// has it, else as the key was looked up) and its owner's.
+    /// has it, else as the key was looked up), its owner's and its owner's team's.
     fn of<'p>(&self, p: &'p Principal) -> Budgeted<'p> {
         let key = p.key_id().and_then(|k| {
             let budget = self.keys.get(k).copied().unwrap_or(p.budget);
@@ -108,19 +130,67 @@ impl Table {
             let budget = self.owners.get(o).copied()?;
             (!budget.is_empty()).then_some((o, budget))
         });
-        [key, owner]
+        let team = self.team_of(p.owner.as_deref()).and_then(|t| {
+            let budget = self.teams.get(t).copied()?;
+            (!budget.is_empty()).then(|| (Arc::clone(t), budget))
+        });
+        Budgeted { key, owner, team }
     }
 
     fn get(&self, subject: &Subject) -> Option<Budget> {
         match subject {
             Subject::Key(id) => self.keys.get(id.as_str()).copied(),
             Subject::Owner(id) => self.owners.get(id.as_str()).copied(),
+            Subject::Team(id) => self.teams.get(id.as_str()).copied(),
         }
+    }
+
+    fn budgets(&self) -> impl Iterator<Item = &Budget> {
+        (self.keys.values())
+            .chain(self.owners.values())
+            .chain(self.teams.values())
     }
 }
 
-/// The budgets of a request's key and of its owner (non-empty ones), by id.
-pub(crate) type Budgeted<'p> = [Option<(&'p str, Budget)>; 2];
+/// The budgets of a request's key, its owner and its owner's team (non-empty ones), by id.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Budgeted<'p> {
+    key: Option<(&'p str, Budget)>,
+    owner: Option<(&'p str, Budget)>,
+    team: Option<(Arc<str>, Budget)>,
+}
+
+impl Budgeted<'_> {
+    fn is_empty(&self) -> bool {
+        self.key.is_none() && self.owner.is_none() && self.team.is_none()
+    }
+
+    /// The budgets by subject (0: key, 1: owner, 2: team).
+    fn all(&self) -> [Option<(Who<'_>, Budget)>; 3] {
+        [
+            self.key.map(|(k, b)| (Who::Key(k), b)),
+            self.owner.map(|(o, b)| (Who::Owner(o), b)),
+            self.team.as_ref().map(|(t, b)| (Who::Team(t), *b)),
+        ]
+    }
+
+    /// Whether any of them limits cost.
+    pub(crate) fn limits_cost(&self) -> bool {
+        self.all().iter().flatten().any(|(_, b)| b.limits_cost())
+    }
+}
+
+/// What the authorise step learns of a caller from one lookup.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Standing {
+    /// None: no budget; `Some(true)`: its key, owner or team limits tokens or cost (its
+    /// requests must then be bounded and metered); `Some(false)`: requests only.
+    pub class: Option<bool>,
+    /// A budget of the caller's limits cost (`unpriced = "refuse"` applies).
+    pub cost: bool,
+    /// The owner's team, which the ledger records.
+    pub team: Option<Arc<str>>,
+}
 
 /// One window of a caller's budget as its answers' rate headers state it.
 pub(crate) use crate::api::RateLine as Line;
@@ -152,10 +222,11 @@ impl Quota {
 pub(crate) struct Reservation {
     key: Option<Box<str>>,
     owner: Option<Box<str>>,
+    team: Option<Arc<str>>,
     windows: Windows,
-    /// The limited counters, by subject (0: key, 1: owner).
-    limited: [Budget; 2],
-    tokens: u64,
+    /// The limited counters, by subject (0: key, 1: owner, 2: team).
+    limited: [Budget; 3],
+    ask: Ask,
     /// Made in the shared counters (else only in this process's).
     shared: bool,
     pub quota: Quota,
@@ -165,7 +236,8 @@ impl Reservation {
     fn subjects(&self) -> impl Iterator<Item = (usize, Who<'_>)> {
         let key = self.key.as_deref().map(|k| (0, Who::Key(k)));
         let owner = self.owner.as_deref().map(|o| (1, Who::Owner(o)));
-        key.into_iter().chain(owner)
+        let team = self.team.as_deref().map(|t| (2, Who::Team(t)));
+        key.into_iter().chain(owner).chain(team)
     }
 }
 
@@ -193,6 +265,8 @@ pub(crate) struct Budgets {
     seeded: AtomicBool,
     /// `portcullis_budget_rejections_total{service, window}`.
     rejections: IntCounterVec,
+    /// `[pricing] currency`, named in a cost budget's refusal.
+    currency: Box<str>,
 }
 
 impl Budgets {
@@ -207,7 +281,7 @@ impl Budgets {
         let rejections = IntCounterVec::new(
             Opts::new(
                 "portcullis_budget_rejections_total",
-                "Requests refused with 429 budget_exceeded, by service and the window that had no room (tokens_per_hour, tokens_per_day, tokens_per_month, requests_per_day).",
+                "Requests refused with 429 budget_exceeded, by service and the window that had no room (tokens_per_hour, tokens_per_day, tokens_per_month, requests_per_day, cost_per_day, cost_per_month).",
             ),
             &["service", "window"],
         )
@@ -228,7 +302,15 @@ impl Budgets {
             clock: Clock::system(),
             seeded: AtomicBool::new(false),
             rejections,
+            currency: "USD".into(),
         }
+    }
+
+    /// The currency a cost budget's refusal names (`[pricing] currency`).
+    #[allow(dead_code)] // Until `[pricing]` is wired in (the pricing branch).
+    pub(crate) fn with_currency(mut self, currency: &str) -> Budgets {
+        self.currency = currency.into();
+        self
     }
 
     /// The same budgets on another clock (tests).
@@ -257,24 +339,29 @@ impl Budgets {
 
     /// What a request asks: one request, and in `reserve` mode its worst case in tokens, a
     /// prompt estimate from its body's size plus the completion tokens it may use (`None`:
-    /// not stated, so `default_max_tokens`). `reads_usage`: false where no usage is ever read
-    /// (a service without `api`), so no tokens are charged either.
+    /// not stated, so `default_max_tokens`), and that worst case priced by `price` (none: no
+    /// price applies, so no cost is reserved). `reads_usage`: false where no usage is ever
+    /// read (a service without `api`), so no tokens are charged either.
     pub(crate) fn ask(
         &self,
         body_bytes: u64,
         completion_cap: Option<u64>,
         reads_usage: bool,
+        price: Option<Price>,
     ) -> Ask {
-        let tokens = match self.settings.enforcement {
+        match self.settings.enforcement {
             Enforcement::Reserve if reads_usage => {
                 let (prompt, completion) = self.worst_case(body_bytes, completion_cap);
-                prompt.saturating_add(completion)
+                Ask {
+                    tokens: prompt.saturating_add(completion),
+                    requests: 1,
+                    cost: price.map_or(0, |p| p.worst_case(prompt, completion)),
+                }
             }
-            _ => 0,
-        };
-        Ask {
-            tokens,
-            requests: 1,
+            _ => Ask {
+                requests: 1,
+                ..Ask::default()
+            },
         }
     }
 
@@ -283,17 +370,27 @@ impl Budgets {
         &self.cap_rule
     }
 
-    /// What applies to `principal`, from one lookup: `None`, no budget; `Some(true)`, its key
-    /// or owner limits tokens (its requests must then be bounded and metered); `Some(false)`,
-    /// requests only.
-    pub(crate) fn class_of(&self, principal: &Principal) -> Option<bool> {
-        let limits = |b: &Budget| {
-            Kind::ALL
-                .iter()
-                .any(|k| k.counts_tokens() && k.limit(b).is_some())
+    /// What applies to `principal`, from one lookup: its budget class, whether a budget of
+    /// its limits cost, and its owner's team.
+    pub(crate) fn standing(&self, principal: &Principal) -> Standing {
+        let table = self.table.load();
+        let team = table.team_of(principal.owner.as_deref()).cloned();
+        let budgeted = table.of(principal);
+        if budgeted.is_empty() {
+            return Standing {
+                team,
+                ..Standing::default()
+            };
+        }
+        let metered = |b: &Budget| {
+            (Kind::ALL.iter()).any(|k| k != &Kind::RequestsPerDay && k.limit(b).is_some())
         };
-        self.of(principal)
-            .map(|both| both.iter().flatten().any(|(_, b)| limits(b)))
+        let all = budgeted.all();
+        Standing {
+            class: Some(all.iter().flatten().any(|(_, b)| metered(b))),
+            cost: budgeted.limits_cost(),
+            team,
+        }
     }
 
     /// How many bytes of a request body the prompt estimate counts as one token.
@@ -310,14 +407,14 @@ impl Budgets {
         )
     }
 
-    /// The budgets that apply to `principal` (its key's, its owner's), or None when neither
-    /// has one: two lookups, made once per request.
+    /// The budgets that apply to `principal` (its key's, its owner's, its team's), or None
+    /// when none has one: a few lookups, made once per request.
     pub(crate) fn of<'p>(&self, principal: &'p Principal) -> Option<Budgeted<'p>> {
         let budgeted = self.table.load().of(principal);
-        budgeted.iter().any(Option::is_some).then_some(budgeted)
+        (!budgeted.is_empty()).then_some(budgeted)
     }
 
-    /// Reserves `ask` on every limited counter of the caller's key and owner, or none.
+    /// Reserves `ask` on every limited counter of the caller's key, owner and team, or none.
     #[cfg(test)]
     pub(crate) async fn reserve(
         &self,
@@ -338,23 +435,19 @@ impl Budgets {
         ask: Ask,
         now: i64,
     ) -> Result<Reservation, Refusal> {
-        let [key, owner] = budgeted;
         let windows = Windows::at(now);
-        // Key first, then owner; no allocation.
-        let mut both = [(Who::Key(""), Budget::default()); 2];
+        // Key first, then owner, then team; no allocation.
+        let mut present = [(Who::Key(""), Budget::default()); 3];
         let mut n = 0;
-        let mut limited = [Budget::default(); 2];
-        if let Some((id, budget)) = key {
-            both[n] = (Who::Key(id), budget);
-            n += 1;
-            limited[0] = budget;
+        let mut limited = [Budget::default(); 3];
+        for (i, found) in budgeted.all().into_iter().enumerate() {
+            if let Some((who, budget)) = found {
+                present[n] = (who, budget);
+                n += 1;
+                limited[i] = budget;
+            }
         }
-        if let Some((id, budget)) = owner {
-            both[n] = (Who::Owner(id), budget);
-            n += 1;
-            limited[1] = budget;
-        }
-        let subjects = &both[..n];
+        let subjects = &present[..n];
         let reserved = match &self.shared {
             Some(shared) if !shared.backend().is_down() => {
                 self.reserve_shared(shared, subjects, ask, &windows).await
@@ -375,7 +468,8 @@ impl Budgets {
         };
         let mut quota = Quota::default();
         for (n, (_, budget)) in subjects.iter().enumerate() {
-            for kind in Kind::ALL {
+            // Cost has no rate header of its own.
+            for kind in Kind::ALL.into_iter().filter(|k| k.unit() != Unit::Cost) {
                 if let Some(limit) = kind.limit(budget) {
                     let line = Line {
                         limit,
@@ -387,11 +481,12 @@ impl Budgets {
             }
         }
         Ok(Reservation {
-            key: key.map(|(k, _)| k.into()),
-            owner: owner.map(|(o, _)| o.into()),
+            key: budgeted.key.map(|(k, _)| k.into()),
+            owner: budgeted.owner.map(|(o, _)| o.into()),
+            team: budgeted.team.map(|(t, _)| t),
             windows,
             limited,
-            tokens: ask.tokens,
+            ask,
             shared,
             quota,
         })
@@ -404,8 +499,8 @@ impl Budgets {
         subjects: &[(Who<'_>, Budget)],
         ask: Ask,
         windows: &Windows,
-    ) -> Option<Result<[[u64; 4]; 2], Refused>> {
-        let mut counters = Vec::with_capacity(8);
+    ) -> Option<Result<local::Used, Refused>> {
+        let mut counters = Vec::with_capacity(12);
         for (n, (who, budget)) in subjects.iter().enumerate() {
             for kind in Kind::ALL {
                 if let Some(limit) = kind.limit(budget) {
@@ -418,14 +513,12 @@ impl Budgets {
                 }
             }
         }
-        let amounts: Vec<u64> = (counters.iter())
-            .map(|c| c.kind.amount(ask.tokens, ask.requests))
-            .collect();
+        let amounts: Vec<u64> = counters.iter().map(|c| c.kind.amount(ask)).collect();
         let mut seeds = vec![None; counters.len()];
         for _ in 0..2 {
             match shared.reserve(&counters, &amounts, &seeds, windows).await? {
                 Reply::Reserved(values) => {
-                    let mut used = [[0; 4]; 2];
+                    let mut used = [[0; Budget::N]; 3];
                     for (c, v) in counters.iter().zip(values) {
                         used[c.subject][c.kind.index()] = v;
                     }
@@ -459,7 +552,7 @@ impl Budgets {
         seeds: &mut [Option<u64>],
         windows: &Windows,
     ) {
-        let mut ledger = [None, None];
+        let mut ledger = [None; 3];
         for &i in missing {
             let Some(c) = counters.get(i) else { continue };
             let who = subjects[c.subject].0;
@@ -480,40 +573,44 @@ impl Budgets {
     fn refusal(&self, subjects: &[(Who<'_>, Budget)], r: Refused, windows: &Windows) -> Refusal {
         let who = subjects.get(r.subject).map_or(Who::Key("?"), |s| s.0);
         let retry_after = windows.seconds_left(r.kind);
-        let unit = if r.kind.counts_tokens() {
-            "tokens"
-        } else {
-            "requests"
-        };
         let (name, whose) = (r.kind.name(), who.describe());
         let resets = rfc3339(r.kind.start(&windows.ends));
+        let unit = match r.kind.unit() {
+            Unit::Tokens => "tokens",
+            Unit::Requests => "requests",
+            Unit::Cost => &*self.currency,
+        };
+        let number = |n: u64| amount_json(r.kind.unit(), n);
         let message = if r.used >= r.limit {
             format!(
                 "{name} budget of {whose} exhausted: {} of {} {unit} used or reserved; it \
                  resets at {resets}",
-                r.used.min(r.limit),
-                r.limit,
+                number(r.used.min(r.limit)),
+                number(r.limit),
             )
         } else {
-            let left = r.limit - r.used;
-            let why = if r.kind.counts_tokens() {
-                "its prompt estimate plus its max_tokens, or default_max_tokens"
-            } else {
-                "one request"
+            let why = match r.kind.unit() {
+                Unit::Tokens => "its prompt estimate plus its max_tokens, or default_max_tokens",
+                Unit::Requests => "one request",
+                Unit::Cost => "its prompt estimate and max_tokens, or default_max_tokens, priced",
             };
             format!(
-                "{name} budget of {whose} has {left} of {} {unit} left, and this request \
-                 reserves {} ({why}); it resets at {resets}",
-                r.limit, r.asked,
+                "{name} budget of {whose} has {} of {} {unit} left, and this request reserves \
+                 {} ({why}); it resets at {resets}",
+                number(r.limit - r.used),
+                number(r.limit),
+                number(r.asked),
             )
         };
         let mut quota = Quota::default();
-        let line = Line {
-            limit: r.limit,
-            remaining: r.limit.saturating_sub(r.used),
-            reset: retry_after,
-        };
-        quota.consider(r.kind, line);
+        if r.kind.unit() != Unit::Cost {
+            let line = Line {
+                limit: r.limit,
+                remaining: r.limit.saturating_sub(r.used),
+                reset: retry_after,
+            };
+            quota.consider(r.kind, line);
+        }
         Refusal {
             kind: r.kind,
             retry_after,
@@ -522,35 +619,32 @@ impl Budgets {
         }
     }
 
-    /// Replaces a reservation by what the request used: `tokens` (prompt + completion), and
-    /// whether it was forwarded at all (a request never sent upstream gives its count back).
-    pub(crate) async fn settle(&self, r: Reservation, tokens: u64, forwarded: bool) {
-        let token_delta = tokens as i64 - r.tokens as i64;
-        let request_delta = if forwarded { 0 } else { -1 };
-        if token_delta == 0 && request_delta == 0 {
+    /// Replaces a reservation by what the request used: `tokens` (prompt + completion), `cost`
+    /// (micros; 0 when unpriced), and whether it was forwarded at all (a request never sent
+    /// upstream gives its count back).
+    pub(crate) async fn settle(&self, r: Reservation, tokens: u64, cost: u64, forwarded: bool) {
+        let signed = |used: u64, reserved: u64| used as i64 - reserved as i64;
+        let deltas = (
+            signed(tokens, r.ask.tokens),
+            if forwarded { 0 } else { -1 },
+            signed(cost, r.ask.cost),
+        );
+        if deltas == (0, 0, 0) {
             return;
         }
-        (self.local).adjust(
-            r.subjects().map(|(_, w)| w),
-            &r.windows.starts,
-            token_delta,
-            request_delta,
-        );
+        (self.local).adjust(r.subjects().map(|(_, w)| w), &r.windows.starts, deltas);
         let Some(shared) = self.shared.as_ref().filter(|_| r.shared) else {
             return;
         };
-        let mut keys = Vec::with_capacity(8);
-        let mut deltas = Vec::with_capacity(8);
+        let deltas_of = deltas;
+        let mut keys = Vec::with_capacity(12);
+        let mut deltas = Vec::with_capacity(12);
         for (n, who) in r.subjects() {
             for kind in Kind::ALL {
                 if kind.limit(&r.limited[n]).is_some() {
                     let start = kind.start(&r.windows.starts);
                     keys.push(shared::counter_key(who, kind, start));
-                    deltas.push(if kind.counts_tokens() {
-                        token_delta
-                    } else {
-                        request_delta
-                    });
+                    deltas.push(kind.delta(deltas_of));
                 }
             }
         }

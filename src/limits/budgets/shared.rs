@@ -1,8 +1,8 @@
 //! Budget counters shared by a fleet through Redis: one Lua script per request checks every
-//! limited counter of the caller's key and owner and reserves on all of them, or on none, so
+//! limited counter of the caller's key, owner and team and reserves on all of them, or on none, so
 //! however many gateways share the Redis, admitted reservations never add up past a limit.
 //!
-//! A counter is a plain integer under `portcullis:budget:<k|o>:<escaped id>:<kind>:<window
+//! A counter is a plain integer under `portcullis:budget:<k|o|t>:<escaped id>:<kind>:<window
 //! start>`, expiring an hour after its window ends. A counter that does not exist (a new
 //! window, or a Redis that was flushed or lost its data) is never taken as zero: the script
 //! answers which ones are missing, the gateway reads the ledger for them, and asks again with
@@ -195,6 +195,7 @@ pub(crate) fn counter_key(who: Who<'_>, kind: Kind, start: i64) -> String {
     let (tag, id) = match who {
         Who::Key(id) => ("k", id),
         Who::Owner(id) => ("o", id),
+        Who::Team(id) => ("t", id),
     };
     let mut key = String::with_capacity(40 + id.len());
     key.push_str("portcullis:budget:");

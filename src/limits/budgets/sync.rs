@@ -17,7 +17,9 @@ use pingora::services::background::BackgroundService;
 use super::shared::{counter_key, expiry};
 use super::window::{Kind, Windows};
 use super::{Budgets, Table, Who};
-use crate::store::{Budget, BudgetChange, LedgerStore, Store, StoreError, Subject, WindowUsage};
+use crate::store::{
+    Budget, BudgetChange, LedgerStore, Store, StoreError, Subject, TeamChange, WindowUsage,
+};
 
 /// How often the store is asked for budget changes.
 pub(crate) const POLL: Duration = Duration::from_millis(250);
@@ -31,6 +33,8 @@ const RESEED: Duration = Duration::from_secs(5);
 #[derive(Default)]
 pub(crate) struct SyncState {
     newest_ms: i64,
+    /// The newest team membership change seen.
+    newest_team_ms: i64,
     recoveries: u64,
     reseeded: Option<Instant>,
     store_down: bool,
@@ -45,14 +49,17 @@ impl Budgets {
         state: &mut SyncState,
     ) -> Result<usize, StoreError> {
         let changes = store.budget_changes(0).await?;
+        let teams = store.team_changes(0).await?;
         let mut table = Table::default();
         for c in &changes {
             table.set(&c.subject, c.budget);
         }
+        for c in &teams {
+            table.set_team(&c.owner, c.team.as_deref());
+        }
         state.newest_ms = changes.iter().map(|c| c.changed_at_ms).max().unwrap_or(0);
-        let n = (table.keys.values().chain(table.owners.values()))
-            .filter(|b| !b.is_empty())
-            .count();
+        state.newest_team_ms = teams.iter().map(|c| c.changed_at_ms).max().unwrap_or(0);
+        let n = table.budgets().filter(|b| !b.is_empty()).count();
         self.table.store(Arc::new(table));
         self.seed_all(store, false).await?;
         self.seeded.store(true, Ordering::Release);
@@ -112,14 +119,22 @@ impl Budgets {
     async fn poll_changes(&self, state: &mut SyncState) -> Result<(), StoreError> {
         let since = (state.newest_ms - OVERLAP_MS).max(0);
         let changes = self.store.budget_changes(since).await?;
+        let since_team = (state.newest_team_ms - OVERLAP_MS).max(0);
+        let teams = self.store.team_changes(since_team).await?;
         let current = self.table.load_full();
         let changed: Vec<&BudgetChange> = (changes.iter())
             .filter(|c| current.get(&c.subject) != Some(c.budget))
             .collect();
+        let moved: Vec<&TeamChange> = (teams.iter())
+            .filter(|c| current.team_of(Some(&c.owner)).map(|t| &**t) != c.team.as_deref())
+            .collect();
         if let Some(newest) = changes.iter().map(|c| c.changed_at_ms).max() {
             state.newest_ms = state.newest_ms.max(newest);
         }
-        if changed.is_empty() {
+        if let Some(newest) = teams.iter().map(|c| c.changed_at_ms).max() {
+            state.newest_team_ms = state.newest_team_ms.max(newest);
+        }
+        if changed.is_empty() && moved.is_empty() {
             return Ok(());
         }
         // Subjects budgeted anew (never, or not since their budget was cleared: meanwhile
@@ -139,7 +154,14 @@ impl Budgets {
         for c in &changed {
             table.set(&c.subject, c.budget);
         }
-        log::info!("budgets: {} budget(s) changed", changed.len());
+        for c in &moved {
+            table.set_team(&c.owner, c.team.as_deref());
+        }
+        log::info!(
+            "budgets: {} budget(s) and {} team membership(s) changed",
+            changed.len(),
+            moved.len()
+        );
         self.table.store(Arc::new(table));
         Ok(())
     }
@@ -188,6 +210,7 @@ fn who(subject: &Subject) -> Who<'_> {
     match subject {
         Subject::Key(id) => Who::Key(id),
         Subject::Owner(id) => Who::Owner(id),
+        Subject::Team(id) => Who::Team(id),
     }
 }
 

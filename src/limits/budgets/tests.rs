@@ -146,6 +146,7 @@ fn noon() -> i64 {
 const ASK: Ask = Ask {
     tokens: 40,
     requests: 1,
+    cost: 0,
 };
 
 #[tokio::test]
@@ -168,7 +169,7 @@ async fn a_key_is_refused_once_its_window_is_spent_and_refunds_make_room() {
         refused.message
     );
     // The first used 10 of its 40: 30 come back, room for 40 again.
-    b.settle(first, 10, true).await;
+    b.settle(first, 10, 0, true).await;
     assert!(b.reserve(&caller, ASK, noon()).await.unwrap().is_some());
     // Another key is not budgeted at all.
     assert!(b
@@ -264,7 +265,7 @@ async fn requests_per_day_count_requests_and_unforwarded_ones_come_back() {
         Kind::RequestsPerDay
     );
     // Never forwarded (the upstream could not be reached): the request is not counted.
-    b.settle(one, 0, false).await;
+    b.settle(one, 0, 0, false).await;
     b.reserve(&caller, ASK, noon()).await.unwrap();
 }
 
@@ -293,9 +294,9 @@ fn asks_reserve_the_prompt_estimate_and_the_stated_cap() {
         &Metrics::new(),
         &[],
     );
-    assert_eq!(reserve.ask(401, Some(7), true).tokens, 101 + 7);
-    assert_eq!(reserve.ask(400, None, true).tokens, 100 + 100);
-    assert_eq!(reserve.ask(400, None, false).tokens, 0);
+    assert_eq!(reserve.ask(401, Some(7), true, None).tokens, 101 + 7);
+    assert_eq!(reserve.ask(400, None, true, None).tokens, 100 + 100);
+    assert_eq!(reserve.ask(400, None, false, None).tokens, 0);
     let after = Budgets::new(
         settings(Enforcement::After),
         store,
@@ -304,10 +305,11 @@ fn asks_reserve_the_prompt_estimate_and_the_stated_cap() {
         &[],
     );
     assert_eq!(
-        after.ask(400, Some(7), true),
+        after.ask(400, Some(7), true, None),
         Ask {
             tokens: 0,
-            requests: 1
+            requests: 1,
+            cost: 0,
         }
     );
 }
@@ -362,7 +364,7 @@ async fn gateways_sharing_redis_never_admit_past_the_budget_and_a_flush_reseeds_
     assert_eq!(admitted.len(), 25);
     // Each used 10 of its 40: 750 come back, so 75 more fit.
     for (n, reservation) in admitted {
-        fleet[n].settle(reservation, 10, true).await;
+        fleet[n].settle(reservation, 10, 0, true).await;
     }
     let mut more = 0;
     for n in 0..100 {

@@ -1,7 +1,9 @@
-//! The four budget counters and their fixed UTC windows: tokens per hour, day and calendar
-//! month, and requests per day, in `Budget::NAMES` order everywhere.
+//! The six budget counters and their fixed UTC windows: tokens per hour, day and calendar
+//! month, requests per day, and cost per day and calendar month, in `Budget::NAMES` order
+//! everywhere.
 
-use crate::store::{Budget, WindowStarts, WindowUsage};
+use super::Ask;
+use crate::store::{Budget, Unit, WindowStarts, WindowUsage};
 
 /// One budget counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -10,14 +12,18 @@ pub(crate) enum Kind {
     TokensPerDay,
     TokensPerMonth,
     RequestsPerDay,
+    CostPerDay,
+    CostPerMonth,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 4] = [
+    pub(crate) const ALL: [Kind; Budget::N] = [
         Kind::TokensPerHour,
         Kind::TokensPerDay,
         Kind::TokensPerMonth,
         Kind::RequestsPerDay,
+        Kind::CostPerDay,
+        Kind::CostPerMonth,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -31,19 +37,24 @@ impl Kind {
 
     /// The short name in shared counter keys.
     pub(crate) fn tag(self) -> &'static str {
-        ["th", "td", "tm", "rd"][self.index()]
+        ["th", "td", "tm", "rd", "cd", "cm"][self.index()]
+    }
+
+    /// What this counter counts.
+    pub(crate) fn unit(self) -> Unit {
+        Budget::UNITS[self.index()]
     }
 
     pub(crate) fn counts_tokens(self) -> bool {
-        self != Kind::RequestsPerDay
+        self.unit() == Unit::Tokens
     }
 
     /// The start of this counter's window among `starts`.
     pub(crate) fn start(self, starts: &WindowStarts) -> i64 {
         match self {
             Kind::TokensPerHour => starts.hour,
-            Kind::TokensPerDay | Kind::RequestsPerDay => starts.day,
-            Kind::TokensPerMonth => starts.month,
+            Kind::TokensPerDay | Kind::RequestsPerDay | Kind::CostPerDay => starts.day,
+            Kind::TokensPerMonth | Kind::CostPerMonth => starts.month,
         }
     }
 
@@ -54,20 +65,24 @@ impl Kind {
 
     /// This counter's value in what the ledger holds.
     pub(crate) fn used(self, usage: &WindowUsage) -> u64 {
-        match self {
-            Kind::TokensPerHour => usage.hour_tokens,
-            Kind::TokensPerDay => usage.day_tokens,
-            Kind::TokensPerMonth => usage.month_tokens,
-            Kind::RequestsPerDay => usage.day_requests,
+        usage.in_order()[self.index()]
+    }
+
+    /// What a request asking `ask` adds to this counter.
+    pub(crate) fn amount(self, ask: Ask) -> u64 {
+        match self.unit() {
+            Unit::Tokens => ask.tokens,
+            Unit::Requests => ask.requests,
+            Unit::Cost => ask.cost,
         }
     }
 
-    /// What a request of `tokens` adds to this counter.
-    pub(crate) fn amount(self, tokens: u64, requests: u64) -> u64 {
-        if self.counts_tokens() {
-            tokens
-        } else {
-            requests
+    /// A change of a request's tokens, requests and cost, as this counter counts it.
+    pub(crate) fn delta(self, (tokens, requests, cost): (i64, i64, i64)) -> i64 {
+        match self.unit() {
+            Unit::Tokens => tokens,
+            Unit::Requests => requests,
+            Unit::Cost => cost,
         }
     }
 }
@@ -109,6 +124,8 @@ mod tests {
         assert_eq!(w.seconds_left(Kind::TokensPerDay), 30);
         assert_eq!(w.seconds_left(Kind::RequestsPerDay), 30);
         assert_eq!(w.seconds_left(Kind::TokensPerMonth), 30);
+        assert_eq!(w.seconds_left(Kind::CostPerDay), 30);
+        assert_eq!(w.seconds_left(Kind::CostPerMonth), 30);
         let next = Windows::at(day + 86_400);
         assert_eq!(next.starts.month, parse_date("2026-12-01").unwrap());
         assert_eq!(next.seconds_left(Kind::TokensPerHour), 3600);

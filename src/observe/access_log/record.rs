@@ -82,7 +82,7 @@ pub(crate) struct ProxiedFields<'a> {
 /// A key created or revoked, or a budget changed, through the key API or the CLI.
 #[derive(Serialize)]
 pub(crate) struct KeyEventFields<'a> {
-    /// `created`, `revoked` or `budget`.
+    /// `created`, `revoked`, `budget` or `team` (an owner put in a team or taken out).
     pub key_event: &'static str,
     /// The key concerned; left out of an owner's budget change.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -90,6 +90,12 @@ pub(crate) struct KeyEventFields<'a> {
     /// The owner whose budget changed; only on an owner's budget change.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget_owner: Option<&'a str>,
+    /// The team whose budget changed, or (on `team`) the owner's team now, `null` for none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub team: Option<Option<&'a str>>,
+    /// On `team`: the owner put in a team or taken out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub member: Option<&'a str>,
     /// On a budget change, and a key created with a budget: the limits now set, `null` once
     /// cleared.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -103,6 +109,8 @@ impl<'a> KeyEventFields<'a> {
             key_event,
             key_id: Some(key_id),
             budget_owner: None,
+            team: None,
+            member: None,
             budget: None,
         }
     }
@@ -206,7 +214,7 @@ mod tests {
             .to_line();
             serde_json::from_slice::<serde_json::Value>(&line).unwrap()
         };
-        let budget = Budget::from_limits([None, Some(100), None, Some(5)]);
+        let budget = Budget::from_limits([None, Some(100), None, Some(5), None, None]);
         let v = line(KeyEventFields {
             budget: Some(Some(budget)),
             ..KeyEventFields::key("budget", "k")
@@ -221,6 +229,8 @@ mod tests {
             key_event: "budget",
             key_id: None,
             budget_owner: Some("alice"),
+            team: None,
+            member: None,
             budget: Some(None),
         });
         assert_eq!(v["budget_owner"], "alice");
