@@ -1,0 +1,13 @@
+//! Cost in currency: a dated price table (`[pricing] file`) turns a request's token counts
+//! into an exact amount. Tokens are what the upstream reports; prices change on dates the
+//! table states, per model, optionally per service, so a cost is the same whenever and
+//! wherever it is computed. A model without an applicable price is *unpriced*, never free.
+//!
+//! `table`: the table and its lookup; `money`: amounts as text and JSON; `decimal`: exact
+//! decimal text.
+
+mod decimal;
+pub(crate) mod money;
+mod table;
+
+pub use table::{Price, Prices, Tokens};
