@@ -3,11 +3,14 @@
 //! table states, per model, optionally per service, so a cost is the same whenever and
 //! wherever it is computed. A model without an applicable price is *unpriced*, never free.
 //!
-//! `table`: the table and its lookup; `money`: amounts as text and JSON; `decimal`: exact
-//! decimal text.
+//! `table`: the table and its lookup; `live`: the table in use, reloaded on SIGHUP; `money`:
+//! amounts as text and JSON; `decimal`: exact decimal text.
 
 mod decimal;
+mod live;
 pub(crate) mod money;
 mod table;
 
+pub use live::{Pricing, Unpriced};
+pub(crate) use live::{PricingReload, PricingSettings};
 pub use table::{Price, Prices, Tokens};
