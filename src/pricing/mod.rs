@@ -4,9 +4,10 @@
 //! wherever it is computed. A model without an applicable price is *unpriced*, never free.
 //!
 //! `table`: the table and its lookup; `live`: the table in use, reloaded on SIGHUP; `money`:
-//! amounts as text and JSON; `decimal`: exact decimal text.
+//! amounts as text and JSON; `litellm`: `prices import`; `decimal`: exact decimal text.
 
 mod decimal;
+pub(crate) mod litellm;
 mod live;
 pub(crate) mod money;
 mod table;
