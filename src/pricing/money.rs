@@ -42,7 +42,8 @@ pub(crate) fn parse_units_json(v: &serde_json::Value) -> Result<u64, String> {
                 .filter(|f| f.is_finite() && *f >= 0.0)
                 .map(|f| f * 1e6);
             match scaled {
-                Some(m) if (m - m.round()).abs() <= (m.abs() * 4.0 * f64::EPSILON).max(1e-6) => {
+                // Relative to the amount: near 0 only an exact multiple of a micro passes.
+                Some(m) if (m - m.round()).abs() <= m.abs() * 8.0 * f64::EPSILON => {
                     micros(&units_text(m.round() as u64))
                 }
                 _ => Err(e),
@@ -145,6 +146,8 @@ mod tests {
         // A double's rounding error is not a seventh decimal.
         assert_eq!(parse_units_json(&json!(0.1 + 0.2)), Ok(300_000));
         assert_eq!(parse_units_json(&json!(7.0 * 0.000001)), Ok(7));
+        assert!(parse_units_json(&json!(2.5890419884777833e-42)).is_err());
+        assert!(parse_units_json(&json!(1.0000001)).is_err());
         let refused = |v: serde_json::Value, why: &str| {
             let e = parse_units_json(&v).unwrap_err();
             assert!(e.contains(why), "{v}: {e}");
