@@ -62,7 +62,7 @@ const SHARDS: usize = 16;
 /// The model recorded for a caller's requests beyond its `max_models_per_key_hour`.
 pub(crate) const OTHER_MODELS: &str = "(other)";
 
-/// Totals per (UTC hour, key, owner, service, model) since the last flush.
+/// Totals per (UTC hour, key, owner, service, model, team) since the last flush.
 pub(crate) struct Meter {
     /// False without a ledger (no `[auth.api_keys]`): recording is then a no-op.
     enabled: bool,
@@ -88,18 +88,19 @@ struct Entry {
     owner: Box<str>,
     service: Box<str>,
     model: Box<str>,
-    /// The owner's team as its latest request had it.
+    /// The owner's team when the requests were made (`""`: none).
     team: Box<str>,
     counts: UsageCounts,
 }
 
 impl Entry {
-    fn is(&self, hour: i64, parts: [&str; 4]) -> bool {
+    fn is(&self, hour: i64, parts: [&str; 5]) -> bool {
         self.hour == hour
             && *self.key_id == *parts[0]
             && *self.owner == *parts[1]
             && *self.service == *parts[2]
             && *self.model == *parts[3]
+            && *self.team == *parts[4]
     }
 }
 
@@ -171,8 +172,9 @@ impl Meter {
             c.owner.unwrap_or(""),
             c.service,
             model,
+            c.team.unwrap_or(""),
         ];
-        self.add(hour, parts, c.team.unwrap_or(""), counts);
+        self.add(hour, parts, counts);
     }
 
     /// `model`, or `(other)` once the caller has had `max_models` others this hour.
@@ -207,25 +209,20 @@ impl Meter {
         }
     }
 
-    fn add(&self, hour: i64, parts: [&str; 4], team: &str, counts: UsageCounts) {
+    fn add(&self, hour: i64, parts: [&str; 5], counts: UsageCounts) {
         let hash = self.hasher.hash_one((hour, parts));
         let shard = &self.shards[(hash >> 60) as usize % SHARDS];
         let mut rows = shard.lock().unwrap_or_else(|e| e.into_inner());
         let bucket = rows.entry(hash).or_default();
         match bucket.iter_mut().find(|e| e.is(hour, parts)) {
-            Some(entry) => {
-                entry.counts += counts;
-                if *entry.team != *team {
-                    entry.team = team.into();
-                }
-            }
+            Some(entry) => entry.counts += counts,
             None => bucket.push(Entry {
                 hour,
                 key_id: parts[0].into(),
                 owner: parts[1].into(),
                 service: parts[2].into(),
                 model: parts[3].into(),
-                team: team.into(),
+                team: parts[4].into(),
                 counts,
             }),
         }

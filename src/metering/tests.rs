@@ -23,6 +23,25 @@ fn charge<'a>(key: Option<&'a str>, owner: Option<&'a str>, model: Option<&'a st
     }
 }
 
+#[test]
+fn requests_before_and_after_joining_a_team_are_rows_of_their_own() {
+    let meter = Meter::new();
+    let before = charge(Some("k1"), Some("alice"), Some("m"));
+    let after = Charge {
+        team: Some("red"),
+        ..charge(Some("k1"), Some("alice"), Some("m"))
+    };
+    meter.record_at(&before, 7200);
+    meter.record_at(&before, 7201);
+    meter.record_at(&after, 7202);
+    let mut rows = meter.take();
+    rows.sort_by(|a, b| a.team.cmp(&b.team));
+    let teams: Vec<(&str, u64)> = (rows.iter())
+        .map(|r| (r.team.as_str(), r.counts.requests))
+        .collect();
+    assert_eq!(teams, [("", 2), ("red", 1)]);
+}
+
 fn text(metrics: &Metrics) -> String {
     String::from_utf8(metrics.render()).unwrap()
 }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::{Budget, StoreError, Subject};
 
-/// What one (hour, key, owner, service, model) used, and what it cost.
+/// What one (hour, key, owner, service, model, team) used, and what it cost.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UsageCounts {
     pub requests: u64,
@@ -58,8 +58,8 @@ pub struct UsageRow {
     pub owner: String,
     pub service: String,
     pub model: String,
-    /// The owner's team when the request was made (`''`: none). Not part of the row's
-    /// identity: an owner in another team by the flush updates it.
+    /// The owner's team when the requests were made (`''`: none): part of the row's identity,
+    /// so requests before and after an owner joins a team are never one row.
     pub team: String,
     pub counts: UsageCounts,
 }

@@ -34,13 +34,14 @@ impl UsageCounts {
 }
 
 impl UsageRow {
-    fn key(&self) -> (i64, &str, &str, &str, &str) {
+    fn key(&self) -> (i64, &str, &str, &str, &str, &str) {
         (
             self.hour,
             &self.key_id,
             &self.owner,
             &self.service,
             &self.model,
+            &self.team,
         )
     }
 
@@ -152,10 +153,7 @@ pub(super) fn daily(rows: &[UsageRow]) -> Vec<UsageRow> {
     let mut merged: Vec<UsageRow> = Vec::with_capacity(days.len());
     for row in days {
         match merged.last_mut() {
-            Some(last) if last.key() == row.key() => {
-                last.counts += row.counts;
-                last.team = row.team;
-            }
+            Some(last) if last.key() == row.key() => last.counts += row.counts,
             _ => merged.push(row),
         }
     }
@@ -189,8 +187,8 @@ pub(super) fn add_sql(table: Table, rows: usize, mark: char) -> String {
         .collect();
     format!(
         "INSERT INTO {name} ({time}, key_id, owner, service, model, team, {counts}) \
-         VALUES {values} ON CONFLICT ({time}, key_id, owner, service, model) \
-         DO UPDATE SET {adds}, team = excluded.team",
+         VALUES {values} ON CONFLICT ({time}, key_id, owner, service, model, team) \
+         DO UPDATE SET {adds}",
         counts = COUNT_COLUMNS.join(", "),
         values = values.join(", "),
         adds = adds.join(", "),
@@ -249,7 +247,7 @@ pub(super) fn usage_sql(q: &UsageQuery, postgres: bool) -> String {
         }
     }
     let g = &q.group;
-    let rows = if g.day && g.key && g.service && g.model {
+    let rows = if g.day && g.key && g.service && g.model && g.team {
         // Grouped by every part: each daily row is a group of its own, so the rows are read as
         // they are, with no aggregation (which costs most of a large report on SQLite).
         format!(
@@ -382,30 +380,82 @@ pub(super) const MIGRATION_BATCHES: &str = "
     CREATE INDEX IF NOT EXISTS usage_batches_written ON usage_batches (written_at);
 ";
 
-/// Step 8 on SQLite (one column per `ALTER TABLE`): what each ledger row cost, how many of its
-/// requests were priced and unpriced, and its owner's team, with indexes for a team's hours and
-/// days (team budgets, `GET /v1/usage?team=`). Existing rows keep their counts, with no cost.
+/// Step 8 on SQLite, which cannot change a primary key in place. A row's identity becomes
+/// (time, key, owner, service, model, team), so a request made after its owner joined a team is
+/// never folded into a row of requests made before (nor the other way round); each row gains
+/// what its requests cost and how many were priced and unpriced. Each table is rebuilt (its rows
+/// copied, with no team and no cost) and its indexes made again, with one for a team's hours or
+/// days (team budgets, `GET /v1/usage?team=`). Runs inside the migration's transaction.
 pub(super) const MIGRATION_COSTS_SQLITE: &str = "
-    ALTER TABLE usage_hourly ADD COLUMN team TEXT NOT NULL DEFAULT '';
-    ALTER TABLE usage_hourly ADD COLUMN cost_micros BIGINT NOT NULL DEFAULT 0;
-    ALTER TABLE usage_hourly ADD COLUMN priced_requests BIGINT NOT NULL DEFAULT 0;
-    ALTER TABLE usage_hourly ADD COLUMN unpriced_requests BIGINT NOT NULL DEFAULT 0;
-    ALTER TABLE usage_daily ADD COLUMN team TEXT NOT NULL DEFAULT '';
-    ALTER TABLE usage_daily ADD COLUMN cost_micros BIGINT NOT NULL DEFAULT 0;
-    ALTER TABLE usage_daily ADD COLUMN priced_requests BIGINT NOT NULL DEFAULT 0;
-    ALTER TABLE usage_daily ADD COLUMN unpriced_requests BIGINT NOT NULL DEFAULT 0;
+    CREATE TABLE usage_hourly_costed (
+        hour               BIGINT NOT NULL,
+        key_id             TEXT NOT NULL,
+        owner              TEXT NOT NULL,
+        service            TEXT NOT NULL,
+        model              TEXT NOT NULL,
+        team               TEXT NOT NULL DEFAULT '',
+        requests           BIGINT NOT NULL,
+        prompt_tokens      BIGINT NOT NULL,
+        completion_tokens  BIGINT NOT NULL,
+        reasoning_tokens   BIGINT NOT NULL,
+        cached_tokens      BIGINT NOT NULL,
+        estimated_requests BIGINT NOT NULL,
+        cost_micros        BIGINT NOT NULL DEFAULT 0,
+        priced_requests    BIGINT NOT NULL DEFAULT 0,
+        unpriced_requests  BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (hour, key_id, owner, service, model, team)
+    );
+    INSERT INTO usage_hourly_costed (hour, key_id, owner, service, model, requests, prompt_tokens,
+        completion_tokens, reasoning_tokens, cached_tokens, estimated_requests)
+        SELECT hour, key_id, owner, service, model, requests, prompt_tokens,
+        completion_tokens, reasoning_tokens, cached_tokens, estimated_requests FROM usage_hourly;
+    DROP TABLE usage_hourly;
+    ALTER TABLE usage_hourly_costed RENAME TO usage_hourly;
+    CREATE INDEX IF NOT EXISTS usage_hourly_key ON usage_hourly (key_id, hour);
+    CREATE INDEX IF NOT EXISTS usage_hourly_owner ON usage_hourly (owner, hour);
     CREATE INDEX IF NOT EXISTS usage_hourly_team ON usage_hourly (team, hour);
-    CREATE INDEX IF NOT EXISTS usage_daily_team ON usage_daily (team, day);";
+    CREATE TABLE usage_daily_costed (
+        day                BIGINT NOT NULL,
+        key_id             TEXT NOT NULL,
+        owner              TEXT NOT NULL,
+        service            TEXT NOT NULL,
+        model              TEXT NOT NULL,
+        team               TEXT NOT NULL DEFAULT '',
+        requests           BIGINT NOT NULL,
+        prompt_tokens      BIGINT NOT NULL,
+        completion_tokens  BIGINT NOT NULL,
+        reasoning_tokens   BIGINT NOT NULL,
+        cached_tokens      BIGINT NOT NULL,
+        estimated_requests BIGINT NOT NULL,
+        cost_micros        BIGINT NOT NULL DEFAULT 0,
+        priced_requests    BIGINT NOT NULL DEFAULT 0,
+        unpriced_requests  BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (day, key_id, owner, service, model, team)
+    );
+    INSERT INTO usage_daily_costed (day, key_id, owner, service, model, requests, prompt_tokens,
+        completion_tokens, reasoning_tokens, cached_tokens, estimated_requests)
+        SELECT day, key_id, owner, service, model, requests, prompt_tokens,
+        completion_tokens, reasoning_tokens, cached_tokens, estimated_requests FROM usage_daily;
+    DROP TABLE usage_daily;
+    ALTER TABLE usage_daily_costed RENAME TO usage_daily;
+    CREATE INDEX IF NOT EXISTS usage_daily_key ON usage_daily (key_id, day);
+    CREATE INDEX IF NOT EXISTS usage_daily_owner ON usage_daily (owner, day);
+    CREATE INDEX IF NOT EXISTS usage_daily_team ON usage_daily (team, day);
+";
 
-/// Step 8 on Postgres: the same, with `IF NOT EXISTS` on the columns too.
+/// Step 8 on Postgres: the columns added, the primary keys widened to the team in place.
 pub(super) const MIGRATION_COSTS_POSTGRES: &str = "
     ALTER TABLE usage_hourly ADD COLUMN IF NOT EXISTS team TEXT NOT NULL DEFAULT '',
         ADD COLUMN IF NOT EXISTS cost_micros BIGINT NOT NULL DEFAULT 0,
         ADD COLUMN IF NOT EXISTS priced_requests BIGINT NOT NULL DEFAULT 0,
         ADD COLUMN IF NOT EXISTS unpriced_requests BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE usage_hourly DROP CONSTRAINT IF EXISTS usage_hourly_pkey,
+        ADD PRIMARY KEY (hour, key_id, owner, service, model, team);
     ALTER TABLE usage_daily ADD COLUMN IF NOT EXISTS team TEXT NOT NULL DEFAULT '',
         ADD COLUMN IF NOT EXISTS cost_micros BIGINT NOT NULL DEFAULT 0,
         ADD COLUMN IF NOT EXISTS priced_requests BIGINT NOT NULL DEFAULT 0,
         ADD COLUMN IF NOT EXISTS unpriced_requests BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE usage_daily DROP CONSTRAINT IF EXISTS usage_daily_pkey,
+        ADD PRIMARY KEY (day, key_id, owner, service, model, team);
     CREATE INDEX IF NOT EXISTS usage_hourly_team ON usage_hourly (team, hour);
     CREATE INDEX IF NOT EXISTS usage_daily_team ON usage_daily (team, day);";

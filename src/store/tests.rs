@@ -334,6 +334,54 @@ async fn ledger_adds_up_and_reports(store: &dyn LedgerStore) {
     assert_eq!(services[0].service.as_deref(), Some("embed"));
 }
 
+/// Rows that differ only in team (an owner's requests before and after it joined one) stay
+/// apart, in one flush and across flushes; grouped without team they add up.
+async fn teams_keep_their_rows(store: &dyn LedgerStore) {
+    let day = 1_764_547_200;
+    let red = |n| UsageRow {
+        team: "red".into(),
+        ..row(day, "kt", "tina", "infer", "m1", n)
+    };
+    store
+        .add_usage(&[row(day, "kt", "tina", "infer", "m1", 2), red(1)])
+        .await
+        .unwrap();
+    store.add_usage(&[red(4)]).await.unwrap();
+    let by_team = Grouping {
+        team: true,
+        ..Grouping::default()
+    };
+    let q = UsageQuery {
+        owner: Some("tina".into()),
+        ..query(day, day, None, by_team)
+    };
+    let rows = store.usage(&q).await.unwrap();
+    let teams: Vec<(Option<&str>, u64)> = (rows.iter())
+        .map(|r| (r.team.as_deref(), r.counts.requests))
+        .collect();
+    assert_eq!(teams, [(Some(""), 2), (Some("red"), 5)]);
+    let everything = Grouping {
+        day: true,
+        key: true,
+        service: true,
+        model: true,
+        team: false,
+    };
+    let q = UsageQuery {
+        owner: Some("tina".into()),
+        ..query(day, day, None, everything)
+    };
+    let rows = store.usage(&q).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].counts.requests, 7);
+    let team = super::Subject::Team("red".into());
+    let used = store
+        .window_usage(&team, super::WindowStarts::at(day + 60))
+        .await
+        .unwrap();
+    assert_eq!(used.day_requests, 5);
+}
+
 #[tokio::test]
 async fn the_ledger_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
@@ -342,6 +390,7 @@ async fn the_ledger_on_sqlite() {
         .unwrap();
     ledger_adds_up_and_reports(&store).await;
     a_batch_is_added_once(&store).await;
+    teams_keep_their_rows(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -352,6 +401,7 @@ async fn the_ledger_on_postgres() {
     let store = super::open_store(&pg.url, false).await.unwrap();
     ledger_adds_up_and_reports(&*store).await;
     a_batch_is_added_once(&*store).await;
+    teams_keep_their_rows(&*store).await;
     // Hourly rows are kept beside the daily ones: what budgets will sum by hour.
     let hours = pg.sql("SELECT count(*) FROM usage_hourly WHERE key_id = 'k1'");
     assert_eq!(hours, "3");

@@ -130,4 +130,36 @@ async fn an_administrator_makes_a_team_and_its_budget_covers_its_members_only() 
         (200, serde_json::Value::Null)
     );
     within(&dana, 200);
+    // erin joins with two calls made before: the team counts only the one she makes after
+    // (by membership when a request is made), beside dana's one, though all of erin's are
+    // the same key, service, model and hour.
+    let room = json!({"budget": {"requests_per_day": 5}});
+    let (status, _) = admin(port, &root, "PUT", "/v1/teams/red/budget", Some(room));
+    assert_eq!(status, 200);
+    let (status, _) = admin(
+        port,
+        &root,
+        "PUT",
+        "/v1/owners/erin/team",
+        Some(json!({"team": "red"})),
+    );
+    assert_eq!(status, 200);
+    std::thread::sleep(Duration::from_millis(1500));
+    within(&erin, 200);
+    let team_requests = || {
+        let (status, body) = admin(port, &root, "GET", "/v1/teams/red/budget", None);
+        assert_eq!(status, 200, "{body}");
+        body["used"]["requests_per_day"].as_u64().unwrap()
+    };
+    let start = Instant::now();
+    while team_requests() < 2 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The gateway has flushed by now (flush_seconds = 1).
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        team_requests(),
+        2,
+        "erin's calls from before she joined counted for the team"
+    );
 }
