@@ -432,10 +432,6 @@
       $('key-name').focus();
     });
     $('keys-title').tabIndex = -1;
-    const viewer = () => ({ signedIn: Boolean(token), sub: token && token.sub, admin: isAdmin() });
-    usage = window.PortcullisUsage.create({ api, describe, keys: () => keys, viewer });
-    budgets = window.PortcullisBudgets.create({ api, describe, say, viewer, updateKey });
-    $('refresh-usage').addEventListener('click', () => usage.load());
 
     try {
       config = await getJson(new URL('config.json', location.href).href, 'console configuration');
@@ -444,6 +440,13 @@
       render();
       return;
     }
+    // The views are made once the configuration names the currency their costs are in.
+    const currency = typeof config.currency === 'string' && config.currency ? config.currency : 'USD';
+    for (const el of document.querySelectorAll('.currency-name')) el.textContent = currency;
+    const viewer = () => ({ signedIn: Boolean(token), sub: token && token.sub, admin: isAdmin() });
+    usage = window.PortcullisUsage.create({ api, describe, keys: () => keys, viewer, currency });
+    budgets = window.PortcullisBudgets.create({ api, describe, say, viewer, updateKey, currency });
+    $('refresh-usage').addEventListener('click', () => usage.load());
     $('admin-scope-name').textContent = config.admin_scope || '';
     // Offered only when the operator configured it: an issuer that grants whatever scope is
     // asked for would otherwise make anyone ticking the box an administrator.

@@ -1,6 +1,6 @@
 //! The reference console (`console/`: one page, four scripts, no build step), embedded in the
 //! binary and served under `/console/` when `[admin] console = true`, so no second web server
-//! is needed. `config.json` tells the page where to sign in.
+//! is needed. `config.json` tells the page where to sign in and which currency costs are in.
 
 use super::reply::Reply;
 use crate::config::{AdminSettings, Config};
@@ -73,6 +73,8 @@ impl Console {
             // Whether the page offers to ask for `admin_scope` at all: off unless configured,
             // since an issuer that grants any scope asked for would otherwise hand it to anyone.
             "admin_sign_in": settings.console_admin_sign_in,
+            // The label of every cost the page shows (`[pricing] currency`), never converted.
+            "currency": "USD",
         });
         let issuer_origin = origin_of(issuer);
         Console {

@@ -50,7 +50,9 @@ fs.mkdirSync(outDir, { recursive: true });
 for (const f of fs.readdirSync(outDir)) if (/^\d\d-.*\.png$/.test(f)) fs.rmSync(path.join(outDir, f)); // an earlier run's
 
 const { children, start, waitHttp } = processes(tmp, ROOT);
-const env = {}; // filled by before(): urls, ports, issuer (admin: the console; adminOffered: the one offering admin sign-in)
+// Filled by before(): urls, ports, issuer (admin: the console; adminOffered: the one offering
+// admin sign-in); the currency costs are in, and whether the gateways price requests at all.
+const env = { currency: 'USD', pricing: false };
 let upstream; // { server, requests }
 let browser;
 let context;
@@ -271,6 +273,7 @@ step('the admin listener serves the console page, its scripts and its configurat
   assert.equal(body.gateway_url, env.gateway);
   assert.equal(body.admin_scope, 'portcullis:admin');
   assert.equal(body.admin_sign_in, false, 'admin sign-in is off unless configured');
+  assert.equal(body.currency, env.currency, 'the currency of [pricing], which the page labels costs with');
   assert.ok(body.scopes.includes('openid') && body.scopes.includes('infer'), `scopes ${JSON.stringify(body.scopes)}`);
 });
 

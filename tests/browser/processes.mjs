@@ -135,3 +135,33 @@ export function gatewayConfig({
     ],
   });
 }
+
+// The test's price table ([pricing] file, written into the test's temporary directory): one
+// model priced, in whole millionths per token so that every cost is exact; every other model
+// (and a request naming none) is unpriced. Per million tokens, as the table's format has it.
+export const PRICES = { 'alpha3.6-vl': { input: 2, cached_input: 1, output: 10 } };
+
+export function priceTable() {
+  return Object.entries(PRICES).map(([model, p]) => [
+    '[[price]]', `model = "${model}"`, 'from = "2000-01-01"',
+    `input = ${p.input}.0`, `cached_input = ${p.cached_input}.0`, `output = ${p.output}.0`, '',
+  ].join('\n')).join('\n');
+}
+
+// What a request of `model` that used `usage` (an OpenAI usage object) costs, in millionths of
+// the currency; null when the model has no price. Cached prompt tokens at the cached price,
+// reasoning inside completion, as docs/costs.md computes it.
+export function costMicros(model, usage) {
+  const p = PRICES[model];
+  if (!p) return null;
+  const cached = usage.prompt_tokens_details?.cached_tokens || 0;
+  return (usage.prompt_tokens - cached) * p.input + cached * p.cached_input + usage.completion_tokens * p.output;
+}
+
+// A cost as the console writes it: the amount in `currency` ("—" for none known) and, when some
+// requests had no price, how many.
+export function costText(currency, micros, unpriced = 0) {
+  const digits = { minimumFractionDigits: 2, maximumFractionDigits: 6 };
+  const cost = micros === null ? '—' : new Intl.NumberFormat('en', { style: 'currency', currency, ...digits }).format(micros / 1e6);
+  return unpriced > 0 ? `${cost} · ${unpriced} unpriced` : cost;
+}
