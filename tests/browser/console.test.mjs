@@ -8,9 +8,11 @@
 // its token counts: the usage view must show exactly those, today, this month and in its 30-day
 // charts. A second gateway on the same key store offers administrator sign-in
 // (`console_admin_sign_in`, `admin_subjects`); the first one must not even show it, and there
-// the administrator sees every owner's usage. Budgets (tests/browser/budgets.mjs): an
-// administrator sets an owner's budget, the owner sets its keys' within it, and real requests
-// show as "used / budget".
+// the administrator sees every owner's usage, and the cost of each row at the test's price
+// table (tests/browser/usage.mjs). Budgets (tests/browser/budgets.mjs): an administrator sets
+// an owner's budget, the owner sets its keys' within it, and real requests show as
+// "used / budget · left". Teams (tests/browser/teams.mjs): the administrator puts the owner in
+// a team and sets the team's cost budget; the owner sees its team and what is left of it.
 //
 //   node --test tests/browser/console.test.mjs      (scripts/browser-tests.sh installs and runs it)
 //
@@ -29,6 +31,7 @@ import { chromium } from 'playwright-core';
 
 import { freePort, gatewayConfig, processes, startUpstream } from './processes.mjs';
 import { budgetSteps } from './budgets.mjs';
+import { teamSteps } from './teams.mjs';
 import { usageSteps } from './usage.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -93,7 +96,7 @@ async function newPage() {
     // The API's own 4xx answers (the 409 and the usage 400 the test provokes) are logged by
     // Chromium as failed loads.
     const from = msg.location().url || '';
-    const api = (p) => p.startsWith('/v1/keys') || p === '/v1/usage' || p.startsWith('/v1/owners/');
+    const api = (p) => p.startsWith('/v1/keys') || p === '/v1/usage' || p.startsWith('/v1/owners/') || p.startsWith('/v1/teams/');
     if (/^Failed to load resource/.test(msg.text()) && onConsole(from) && api(new URL(from).pathname)) return;
     pageProblems.push(`console error at ${page.url()}: ${msg.text()} (${msg.location().url || 'page'})`);
   });
@@ -247,13 +250,19 @@ const budgets = budgetSteps({
   step, env, state, screenshot, createKey, noHorizontalScroll, signIn, flushSeconds: FLUSH_SECONDS,
   page: () => page, freshPage: async () => { await context.close(); await newPage(); },
 });
+const teams = teamSteps({
+  step, env, state, screenshot, noHorizontalScroll, signInAs: budgets.signInAs, flushSeconds: FLUSH_SECONDS,
+  page: () => page,
+});
 
 step('the admin listener serves the console page, its scripts and its configuration', async () => {
   const html = await fetch(`${env.admin}/console/`);
   assert.equal(html.status, 200);
   assert.match(html.headers.get('content-type') || '', /^text\/html/);
-  assert.match(await html.text(), /<script src="oidc\.js"><\/script>\s*<script src="usage\.js"><\/script>\s*<script src="budgets\.js"><\/script>\s*<script src="console\.js"><\/script>/);
-  for (const script of ['oidc.js', 'usage.js', 'budgets.js', 'console.js']) {
+  const scripts = ['oidc.js', 'usage.js', 'budgets.js', 'teams.js', 'console.js'];
+  const tags = scripts.map((s) => `<script src="${s.replace('.', '\\.')}"></script>`).join('\\s*');
+  assert.match(await html.text(), new RegExp(tags), 'the scripts, in their order');
+  for (const script of scripts) {
     const js = await fetch(`${env.admin}/console/${script}`);
     assert.equal(js.status, 200, script);
     assert.match(js.headers.get('content-type') || '', /^(text|application)\/javascript/);
@@ -506,3 +515,5 @@ step("an administrator (login `admin`, admin scope requested where offered) sees
 usage.adminSteps();
 
 budgets.steps();
+
+teams.steps();
