@@ -1,7 +1,8 @@
 //! The command line (docs/reference.md): `serve`, `keys create|list|revoke|budget`,
-//! `owners budget` and `usage`.
+//! `owners budget`, `usage` and `prices import|check`.
 
 mod budgets;
+mod prices;
 mod printable;
 mod usage;
 
@@ -81,6 +82,11 @@ pub enum Command {
         /// out; default: every row.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         limit: Option<u64>,
+    },
+    /// Price tables: convert LiteLLM's, check the configured one.
+    Prices {
+        #[command(subcommand)]
+        command: prices::PricesCommand,
     },
 }
 
@@ -169,6 +175,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
             (group_by.as_deref(), team.as_deref()),
             limit,
         ),
+        Command::Prices { command } => prices::run(command),
     }
 }
 

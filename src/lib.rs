@@ -43,6 +43,7 @@ pub use auth::token::{classify as classify_bearer, Bearer};
 pub use config::{Config, JwtSettings};
 pub use errors::GatewayError;
 pub use observe::metrics::Metrics;
+pub use pricing::{Price, Prices, Pricing, Tokens, Unpriced};
 pub use proxy::{classify_path, peer_for, Target};
 pub use replicas::Replicas;
 pub use store::{

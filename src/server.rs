@@ -1,7 +1,8 @@
 //! Assembles the Pingora server from a validated config: the proxy service on the data-plane
 //! listeners, the metrics endpoint, the key API (`[admin]`), the JWKS refresher, the access-log
 //! writer, the usage ledger's flusher and the drain watcher. Signals (Pingora's): SIGQUIT hands the listeners to a new `-u` process, SIGTERM
-//! drains, SIGINT stops at once; SIGHUP (ours) reopens the access-log file.
+//! drains, SIGINT stops at once; SIGHUP (ours) reopens the access-log file and reloads the
+//! price table.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +27,7 @@ use crate::metering::{Ledger, LedgerService, Meter, FINAL_FLUSH};
 use crate::observe::access_log;
 use crate::observe::metrics::Metrics;
 use crate::observe::metrics_app::MetricsApp;
+use crate::pricing::{Pricing, PricingReload};
 use crate::proxy::{peer_for, Gateway};
 use crate::replicas::{DnsRefresh, HealthChecks, MakePeer, Replicas, UpstreamResolver};
 use crate::shutdown::{Connections, Drain, Tracked, Watchdog};
@@ -59,6 +61,12 @@ pub(crate) fn serve(mut config: Config, options: ServeOptions) -> Result<(), Str
     // Opened before the fork too: a path that cannot be written is a start-up error.
     let (access_log, access_log_service) = access_log::open(&config.access_log)
         .map_err(|e| format!("access_log.destination: cannot open: {e}"))?;
+    // Checked with the config; read again here, so a table spoilt since fails the start.
+    let pricing = (config.pricing.as_ref())
+        .map(Pricing::load)
+        .transpose()
+        .map_err(|problems| problems.join("; "))?
+        .map(Arc::new);
     // A daemon would otherwise run from `/`, changing what relative paths in the config mean.
     let working_directory = std::env::current_dir().ok();
 
@@ -105,8 +113,7 @@ pub(crate) fn serve(mut config: Config, options: ServeOptions) -> Result<(), Str
         metrics.clone(),
         access_log.clone(),
         upstreams.replicas,
-        // The price table is wired in with `[pricing]` (issue 34, next commit).
-        (meter, budgets, None),
+        (meter, budgets, pricing.clone()),
         redis.as_ref(),
     );
     let connections = Arc::new(Connections::default());
@@ -193,6 +200,12 @@ pub(crate) fn serve(mut config: Config, options: ServeOptions) -> Result<(), Str
         ));
     }
     server.add_service(background_service("access log", access_log_service));
+    if let Some(pricing) = &pricing {
+        let reload = PricingReload {
+            pricing: pricing.clone(),
+        };
+        server.add_service(background_service("price table", reload));
+    }
     if let Some(ledger) = &ledger {
         server.add_service(background_service(
             "usage ledger",
@@ -258,13 +271,12 @@ fn budgets(
     metrics: &Metrics,
 ) -> Arc<Budgets> {
     let services: Vec<&str> = config.services.iter().map(|s| s.name.as_str()).collect();
-    Arc::new(Budgets::new(
-        settings,
-        store.clone(),
-        redis,
-        metrics,
-        &services,
-    ))
+    let budgets = Budgets::new(settings, store.clone(), redis, metrics, &services);
+    // A cost budget's refusal names the price table's currency.
+    Arc::new(match &config.pricing {
+        Some(pricing) => budgets.with_currency(&pricing.currency),
+        None => budgets,
+    })
 }
 
 /// Every budget and the counters' seeds from the ledger, through connections of this

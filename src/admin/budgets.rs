@@ -15,7 +15,7 @@ use super::KeyEvent;
 use crate::auth::Principal;
 use crate::pricing::money;
 use crate::store::{
-    amount_json, Budget, BudgetStore, Store, Subject, Unit, WindowStarts, WindowUsage,
+    amount_json, amount_text, Budget, BudgetStore, Store, Subject, Unit, WindowStarts, WindowUsage,
 };
 use crate::time::{rfc3339, unix_now};
 
@@ -195,8 +195,8 @@ pub(crate) fn beyond_owner(key: &Budget, owner: Option<&Budget>) -> Option<Strin
             (Some(k), Some(o)) if k > o => Some(format!(
                 "budget.{name} {} is above your own budget's {name} ({}); \
                  only an administrator may set it higher",
-                amount_json(unit, k),
-                amount_json(unit, o),
+                amount_text(unit, k),
+                amount_text(unit, o),
             )),
             _ => None,
         })

@@ -13,14 +13,15 @@ use crate::auth::Principal;
 use crate::store::{Budget, Store, Subject, WindowStarts};
 use crate::time::unix_now;
 
-/// The longest team name, in bytes.
+/// The longest team name, in characters.
 const MAX_TEAM: usize = 128;
 
-/// A team name from a path or a body: non-empty printable text, at most `MAX_TEAM` bytes.
+/// A team name from a path or a body: non-empty printable text, at most `MAX_TEAM` characters.
 fn team_name(name: &str) -> Result<&str, String> {
-    if name.is_empty() || name.len() > MAX_TEAM || name.chars().any(char::is_control) {
+    let printable = !name.is_empty() && !name.chars().any(char::is_control);
+    if !printable || name.chars().count() > MAX_TEAM {
         return Err(format!(
-            "a team must be non-empty printable text of at most {MAX_TEAM} bytes"
+            "a team must be non-empty printable text of at most {MAX_TEAM} characters"
         ));
     }
     Ok(name)

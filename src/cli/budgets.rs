@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::observe::access_log::KeyEventFields;
 use crate::pricing::money;
 use crate::store::{
-    amount_json, open_store, Budget, KeyRecord, LedgerStore, Store, Subject, Unit, WindowStarts,
+    amount_text, open_store, Budget, KeyRecord, LedgerStore, Store, Subject, Unit, WindowStarts,
     WindowUsage,
 };
 use crate::time::{rfc3339, unix_now};
@@ -365,7 +365,7 @@ fn windows(budget: &Budget, used: &WindowUsage, starts: WindowStarts) -> String 
         .zip(used.in_order())
         .zip(starts.resets());
     for ((((name, unit), limit), used), resets) in rows {
-        let shown = |n: u64| amount_json(unit, n).to_string();
+        let shown = |n: u64| amount_text(unit, n);
         let or_dash = |n: Option<u64>| n.map_or("-".to_string(), shown);
         lines.push([
             name.to_string(),
@@ -383,7 +383,7 @@ pub(crate) fn one_word(budget: &Budget) -> String {
     let set: Vec<String> = (Budget::NAMES.iter().zip(Budget::UNITS))
         .zip(budget.limits())
         .filter_map(|((name, unit), limit)| {
-            limit.map(|l| format!("{name}={}", amount_json(unit, l)))
+            limit.map(|l| format!("{name}={}", amount_text(unit, l)))
         })
         .collect();
     if set.is_empty() {

@@ -3,7 +3,7 @@
 
 use crate::config::Config;
 use crate::metering::query::usage_query;
-use crate::store::{amount_json, open_store, Grouping, Unit, UsageTotal};
+use crate::store::{amount_text, open_store, Grouping, Unit, UsageTotal};
 use crate::time::{date, unix_now};
 
 pub(crate) fn run(
@@ -106,10 +106,7 @@ fn table(totals: &[UsageTotal], g: &Grouping) -> String {
             ]
             .map(|n| n.to_string()),
         );
-        line.push(
-            c.cost()
-                .map_or("-".into(), |m| amount_json(Unit::Cost, m).to_string()),
-        );
+        line.push(c.cost().map_or("-".into(), |m| amount_text(Unit::Cost, m)));
         line.push(c.unpriced_requests.to_string());
         lines.push(line);
     }

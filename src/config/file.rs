@@ -21,6 +21,19 @@ pub(crate) struct File {
     pub dns: Option<Dns>,
     pub metering: Option<Metering>,
     pub budgets: Option<Budgets>,
+    pub pricing: Option<Pricing>,
+}
+
+/// `[pricing]`: the price table requests are costed with.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Pricing {
+    /// The price table (TOML, `[[price]]` entries).
+    pub file: String,
+    /// A label shown beside amounts; default `USD`.
+    pub currency: Option<String>,
+    /// `allow` (default) or `refuse`.
+    pub unpriced: Option<String>,
 }
 
 /// `[budgets]`: enforcing the budgets set on keys and owners.

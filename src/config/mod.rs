@@ -8,6 +8,7 @@ mod env;
 mod file;
 mod model;
 mod parse;
+mod pricing;
 mod replicas;
 mod service;
 mod validate;
@@ -15,6 +16,7 @@ mod validate;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use crate::pricing::PricingSettings;
 pub(crate) use admin::AdminSettings;
 pub(crate) use env::expand as expand_env;
 pub use model::*;
@@ -113,6 +115,8 @@ impl Config {
         };
         let dns_servers = v.dns(raw.dns);
         let own_dns = dns_servers.is_some();
+        // Price entries may name a service: every one in the file, even one with problems.
+        let service_names: Vec<String> = raw.services.keys().cloned().collect();
         let config = Config {
             dns_servers,
             path: path.to_path_buf(),
@@ -130,10 +134,13 @@ impl Config {
             metering: v.metering(raw.metering),
             budgets: None,
             admin: None,
+            pricing: None,
         };
         let mut config = config;
         config.admin = raw.admin.map(|a| v.admin(a, &config));
         config.budgets = raw.budgets.map(|b| v.budgets(b, config.api_keys.is_some()));
+        let names: Vec<&str> = service_names.iter().map(String::as_str).collect();
+        config.pricing = raw.pricing.map(|p| v.pricing(p, &names));
         if config.services.is_empty() && v.problems.is_empty() {
             v.problem("services", "no service is configured");
         }
@@ -162,6 +169,40 @@ impl Config {
         match v.access_log(raw.access_log).destination {
             AccessLogDestination::File { path, .. } => Some(path),
             _ => None,
+        }
+    }
+
+    /// Only `[pricing]` (its table checked, against the service names), for `prices check`:
+    /// like the `keys` commands, it needs no upstream secrets or DNS.
+    pub(crate) fn pricing_from_file(path: &Path) -> Result<PricingSettings, ConfigError> {
+        let shown = path.display().to_string();
+        let one = |problem: String| ConfigError {
+            problems: vec![problem],
+        };
+        let text =
+            std::fs::read_to_string(path).map_err(|e| one(format!("{shown}: cannot read: {e}")))?;
+        let raw: file::File =
+            toml::from_str(&text).map_err(|e| one(toml_problem(&shown, &text, &e)))?;
+        let raw_pricing = raw.pricing.ok_or_else(|| {
+            one(format!(
+                "{shown}: pricing: section missing, so there is no price table"
+            ))
+        })?;
+        let lookup = |name: &str| std::env::var(name).ok();
+        let mut v = Validator {
+            file: shown,
+            problems: Vec::new(),
+            lookup: &lookup,
+            resolve: &resolve_system,
+        };
+        let names: Vec<&str> = raw.services.keys().map(String::as_str).collect();
+        let settings = v.pricing(raw_pricing, &names);
+        if v.problems.is_empty() {
+            Ok(settings)
+        } else {
+            Err(ConfigError {
+                problems: v.problems,
+            })
         }
     }
 

@@ -10,6 +10,7 @@ use http::header::{HeaderName, HeaderValue};
 
 use super::{AdminSettings, Balancing};
 use crate::api::{Api, Models, Pair};
+use crate::pricing::PricingSettings;
 use crate::scope::Scope;
 
 #[derive(Debug, Clone)]
@@ -28,6 +29,8 @@ pub struct Config {
     pub metering: MeteringSettings,
     /// `[budgets]`; without it nothing is budgeted.
     pub budgets: Option<BudgetSettings>,
+    /// `[pricing]`: the price table, checked whole at start-up; without it nothing is costed.
+    pub pricing: Option<PricingSettings>,
 }
 
 /// How budgets are enforced.

@@ -554,3 +554,111 @@ fn translate_names_its_key_and_takes_only_pairs_the_api_can_make() {
         assert!(p.contains("services.infer.translate: ") && p.contains(says), "{lines}: {p}");
     }
 }
+
+/// MINIMAL with `[pricing]` naming `table` (written to a temporary file) and `lines`.
+fn with_pricing(table: &str, lines: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prices.toml");
+    std::fs::write(&file, table).unwrap();
+    let text = format!(
+        "{MINIMAL}[pricing]\nfile = {}\n{lines}",
+        toml::Value::from(file.display().to_string())
+    );
+    (dir, text)
+}
+
+const TABLE: &str =
+    "[[price]]\nservice = \"infer\"\nmodel = \"m\"\nfrom = \"2026-01-01\"\ninput = 1\noutput = 2\n";
+
+#[test]
+fn pricing_is_optional_and_defaults_to_usd_allowing_unpriced_models() {
+    assert!(parse(MINIMAL).unwrap().pricing.is_none());
+    let (dir, text) = with_pricing(TABLE, "");
+    let p = parse(&text).unwrap().pricing.unwrap();
+    assert_eq!(p.file, dir.path().join("prices.toml"));
+    assert_eq!(p.currency, "USD");
+    assert_eq!(p.unpriced, crate::pricing::Unpriced::Allow);
+    let (_dir, text) = with_pricing(TABLE, "currency = \"€\"\nunpriced = \"refuse\"\n");
+    let p = parse(&text).unwrap().pricing.unwrap();
+    assert_eq!(p.currency, "€");
+    assert_eq!(p.unpriced, crate::pricing::Unpriced::Refuse);
+    // A relative path is read as written: relative to the working directory, like the others.
+    let p = problems(&format!(
+        "{MINIMAL}[pricing]\nfile = \"conf/no-prices.toml\"\n"
+    ));
+    assert!(
+        p.contains("test.toml: pricing.file: conf/no-prices.toml: cannot read"),
+        "{p}"
+    );
+}
+
+#[test]
+fn pricing_values_are_checked_naming_the_key() {
+    for (lines, says) in [
+        (
+            "unpriced = \"deny\"\n",
+            "test.toml: pricing.unpriced: \"deny\" is not one of \"allow\", \"refuse\"",
+        ),
+        (
+            "currency = \"\"\n",
+            "test.toml: pricing.currency: must be 1 to 16 characters",
+        ),
+        (
+            "currency = \"US D\"\n",
+            "test.toml: pricing.currency: must be",
+        ),
+        (
+            "currency = \"ABCDEFGHIJKLMNOPQ\"\n",
+            "test.toml: pricing.currency: must be",
+        ),
+        ("colour = \"red\"\n", "unknown field `colour`"),
+    ] {
+        let (_dir, text) = with_pricing(TABLE, lines);
+        let p = problems(&text);
+        assert!(p.contains(says), "{lines}: {p}");
+    }
+    let p = problems(&format!("{MINIMAL}[pricing]\ncurrency = \"USD\"\n"));
+    assert!(p.contains("missing field `file`"), "{p}");
+    let p = problems(&format!(
+        "{MINIMAL}[pricing]\nfile = \"/nonexistent/prices.toml\"\n"
+    ));
+    assert!(
+        p.contains("test.toml: pricing.file: /nonexistent/prices.toml: cannot read"),
+        "{p}"
+    );
+}
+
+#[test]
+fn a_bad_price_table_is_a_config_problem_naming_the_entry() {
+    let (dir, text) = with_pricing(
+        &format!("{TABLE}[[price]]\nservice = \"chatz\"\nmodel = \"n\"\nfrom = \"2026-01-01\"\ninput = -1\noutput = 1\n"),
+        "",
+    );
+    let table = dir.path().join("prices.toml").display().to_string();
+    let p = parse(&text).unwrap_err().problems;
+    assert_eq!(
+        p,
+        [
+            format!("test.toml: pricing.file: {table}: price[2] (service \"chatz\", model \"n\", from 2026-01-01): service: names no service in [services]"),
+            format!("test.toml: pricing.file: {table}: price[2] (service \"chatz\", model \"n\", from 2026-01-01): input: must be a non-negative number (per million tokens)"),
+        ]
+    );
+}
+
+#[test]
+fn the_demo_prices_its_models() {
+    let text = std::fs::read_to_string("conf/demo.toml").unwrap();
+    let pricing = parse(&text).unwrap().pricing.unwrap();
+    assert_eq!(pricing.file, Path::new("conf/prices.toml"));
+    let prices = crate::pricing::Prices::from_file(&pricing.file).unwrap();
+    let june = crate::time::parse_date("2026-06-01").unwrap();
+    for model in [
+        "alpha3.6-vl",
+        "alpha3.6-mini",
+        "x-large-2",
+        "x-small-1",
+        "emb-m3",
+    ] {
+        assert!(prices.price("chatx", model, june).is_some(), "{model}");
+    }
+}

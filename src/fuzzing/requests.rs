@@ -259,6 +259,7 @@ pub fn access_log_json(data: &[u8]) {
             replica: Some(&id),
             affinity: Some("hit"),
             translated: Some("messages>chat"),
+            cost: Some(serde_json::Value::Null),
         }),
         key_event: None,
     };

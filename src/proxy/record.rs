@@ -9,6 +9,7 @@ use pingora::{Error, ErrorSource, ErrorType};
 use super::{answers, price, Gateway, RequestCtx};
 use crate::metering::{Charge, Cost};
 use crate::observe::access_log::{millis, path_only, HttpFields, ProxiedFields, Record};
+use crate::store::{amount_json, Unit};
 use crate::time::rfc3339_millis;
 
 /// The access-log line of a finished request; `service` is its bounded metrics label.
@@ -65,6 +66,11 @@ fn access_line(
                 .exchange()
                 .and_then(|x| x.translation())
                 .map(|p| p.name()),
+            cost: ctx.cost.and_then(|cost| match cost {
+                Cost::NoTable => None,
+                Cost::Unpriced => Some(serde_json::Value::Null),
+                Cost::Micros(n) => Some(amount_json(Unit::Cost, n)),
+            }),
         }),
         key_event: None,
     }

@@ -218,6 +218,54 @@ async fn window_sums_come_from_the_ledger(store: &dyn Store) {
     assert_eq!(k1_later, used(112, 160, 208, 10));
 }
 
+/// Teams: cost limits kept to the micro on keys, owners and teams; an owner's team set,
+/// changed and cleared, each change stamped for the pollers; a team's budget read back.
+async fn teams_and_cost_limits_are_kept(store: &dyn Store) {
+    let costly = Budget {
+        cost_per_day: Some(2_500_001),
+        cost_per_month: Some(40_000_000),
+        ..Budget::default()
+    };
+    store.insert(&key("c1", "carol", costly)).await.unwrap();
+    assert_eq!(
+        store.find("c1").await.unwrap().unwrap().record.budget,
+        costly
+    );
+    store.set_owner_budget("carol", &costly).await.unwrap();
+    assert_eq!(store.owner_budget("carol").await.unwrap(), Some(costly));
+    assert_eq!(store.team_budget("red").await.unwrap(), None);
+    store.set_team_budget("red", &costly).await.unwrap();
+    assert_eq!(store.team_budget("red").await.unwrap(), Some(costly));
+    let changes = store.budget_changes(0).await.unwrap();
+    assert!(changes
+        .iter()
+        .any(|c| c.subject == Subject::Team("red".into()) && c.budget == costly));
+
+    assert_eq!(store.owner_team("carol").await.unwrap(), None);
+    store.set_owner_team("carol", Some("red")).await.unwrap();
+    store.set_owner_team("dave", Some("red")).await.unwrap();
+    assert_eq!(
+        store.owner_team("carol").await.unwrap().as_deref(),
+        Some("red")
+    );
+    let joined = store.team_changes(0).await.unwrap();
+    let newest = joined.iter().map(|c| c.changed_at_ms).max().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    store.set_owner_team("carol", None).await.unwrap();
+    assert_eq!(store.owner_team("carol").await.unwrap(), None);
+    let since = store.team_changes(newest + 1).await.unwrap();
+    assert_eq!(since.len(), 1, "{since:?}");
+    assert_eq!(
+        (since[0].owner.as_str(), since[0].team.as_deref()),
+        ("carol", None)
+    );
+    store
+        .set_team_budget("red", &Budget::default())
+        .await
+        .unwrap();
+    assert_eq!(store.team_budget("red").await.unwrap(), None);
+}
+
 #[tokio::test]
 async fn budgets_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
@@ -226,6 +274,7 @@ async fn budgets_on_sqlite() {
         .unwrap();
     budgets_are_kept_and_stamped(&store).await;
     window_sums_come_from_the_ledger(&store).await;
+    teams_and_cost_limits_are_kept(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -236,6 +285,7 @@ async fn budgets_on_postgres() {
     let store = super::open_store(&pg.url, false).await.unwrap();
     budgets_are_kept_and_stamped(&*store).await;
     window_sums_come_from_the_ledger(&*store).await;
+    teams_and_cost_limits_are_kept(&*store).await;
     // A clear keeps the row and its stamp; the limits are NULL.
     assert_eq!(
         pg.sql(

@@ -89,15 +89,19 @@ impl Budget {
 }
 
 /// A count of `unit` as JSON: a whole number, or for a cost the currency's units with at most
-/// six decimals (exact below 2^53 micros: the division is correctly rounded and the shortest
-/// text that reads back the same is the decimal).
+/// six decimals.
 pub(crate) fn amount_json(unit: Unit, n: u64) -> serde_json::Value {
     match unit {
-        // Whole amounts as integers: `5`, not `5.0`.
-        Unit::Cost if !n.is_multiple_of(1_000_000) => serde_json::Number::from_f64(n as f64 / 1e6)
-            .map_or(serde_json::Value::Null, serde_json::Value::Number),
-        Unit::Cost => serde_json::Value::from(n / 1_000_000),
+        Unit::Cost => serde_json::Value::Number(crate::pricing::money::units(n)),
         _ => serde_json::Value::from(n),
+    }
+}
+
+/// A count of `unit` as text for people (messages, the CLI): `0.000001`, never `1e-6`.
+pub(crate) fn amount_text(unit: Unit, n: u64) -> String {
+    match unit {
+        Unit::Cost => crate::pricing::money::units_text(n),
+        _ => n.to_string(),
     }
 }
 

@@ -26,7 +26,9 @@ mod window_sql;
 use std::sync::Arc;
 
 pub use budgets::BudgetStore;
-pub(crate) use budgets::{amount_json, Budget, BudgetChange, Subject, TeamChange, Unit};
+pub(crate) use budgets::{
+    amount_json, amount_text, Budget, BudgetChange, Subject, TeamChange, Unit,
+};
 pub use keys::KeyStore;
 pub(crate) use keys::{KeyRecord, PageEnd, StoredKey};
 pub use ledger::{Grouping, LedgerStore, UsageCounts, UsageQuery, UsageRow};

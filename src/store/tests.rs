@@ -358,3 +358,95 @@ async fn the_ledger_on_postgres() {
     drop(store);
     tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
 }
+
+/// A file made by the release before money (every step up to 6: keys with budgets, the ledger
+/// and its batches), with a key, a budget and ledger rows in it, opens with the current steps:
+/// its rows are kept, uncosted (no cost, none unpriced), and new rows carry their cost and team.
+#[tokio::test]
+async fn a_file_of_the_release_before_money_keeps_its_rows_and_costs_new_ones() {
+    use super::migrations::{MIGRATIONS, MIGRATIONS_TABLE};
+    use super::{BudgetStore, Subject, WindowStarts};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("before-money.db");
+    let mut conn = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::query(MIGRATIONS_TABLE)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    for m in MIGRATIONS.iter().filter(|m| m.version <= 6) {
+        sqlx::raw_sql(m.sqlite).execute(&mut conn).await.unwrap();
+        sqlx::query("INSERT INTO portcullis_migrations (version, applied_at) VALUES (?1, 0)")
+            .bind(m.version)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    // What that release wrote: a key with a token budget, an owner budget, ledger rows.
+    sqlx::raw_sql(
+        "INSERT INTO api_keys (key_id, name, verifier, scopes, created_at, owner, \
+             tokens_per_day, budget_changed_at) \
+         VALUES ('00112233aabbccdd', 'old', zeroblob(32), 'infer', 1700000000, 'alice', 500, 1); \
+         INSERT INTO owner_budgets (owner, tokens_per_month, changed_at) VALUES ('alice', 9000, 1); \
+         INSERT INTO usage_hourly VALUES (1764547200, '00112233aabbccdd', 'alice', 'infer', 'm1', \
+             3, 33, 15, 6, 3, 0); \
+         INSERT INTO usage_daily VALUES (1764547200, '00112233aabbccdd', 'alice', 'infer', 'm1', \
+             3, 33, 15, 6, 3, 0);",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+
+    let store = SqliteStore::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let key = store.find("00112233aabbccdd").await.unwrap().unwrap();
+    assert_eq!(key.record.budget.tokens_per_day, Some(500));
+    assert_eq!(key.record.budget.cost_per_day, None);
+    let owner = store.owner_budget("alice").await.unwrap().unwrap();
+    assert_eq!(
+        (owner.tokens_per_month, owner.cost_per_month),
+        (Some(9000), None)
+    );
+    // A new costed row beside the old one, in a team.
+    let mut new = row(1_764_547_200, "00112233aabbccdd", "alice", "infer", "m2", 1);
+    new.team = "red".into();
+    new.counts.cost_micros = 1234;
+    new.counts.priced_requests = 1;
+    store.add_usage(&[new]).await.unwrap();
+    let by_model = Grouping {
+        model: true,
+        team: true,
+        ..Grouping::default()
+    };
+    let day = 1_764_547_200;
+    let rows = store.usage(&query(day, day, None, by_model)).await.unwrap();
+    let old = rows
+        .iter()
+        .find(|r| r.model.as_deref() == Some("m1"))
+        .unwrap();
+    assert_eq!(old.counts.requests, 3);
+    assert_eq!(old.counts.prompt_tokens, 33);
+    assert_eq!((old.counts.cost(), old.counts.unpriced_requests), (None, 0));
+    assert_eq!(old.team.as_deref(), Some(""));
+    let costed = rows
+        .iter()
+        .find(|r| r.model.as_deref() == Some("m2"))
+        .unwrap();
+    assert_eq!(costed.counts.cost(), Some(1234));
+    assert_eq!(costed.team.as_deref(), Some("red"));
+    // The team's window sums read the new column.
+    let used = store
+        .window_usage(&Subject::Team("red".into()), WindowStarts::at(day + 60))
+        .await
+        .unwrap();
+    assert_eq!(
+        (used.day_cost, used.month_cost, used.day_requests),
+        (1234, 1234, 1)
+    );
+}

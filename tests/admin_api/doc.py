@@ -60,7 +60,9 @@ def doc_checks(res):
         ops = sorted(f"{m.upper()} {p}" for p, item in doc["paths"].items() for m in item
                      if m in ("get", "put", "post", "delete", "patch", "head", "options", "trace"))
         expect_eq(ops, ["DELETE /v1/keys/{id}", "GET /openapi.json", "GET /v1/keys", "GET /v1/owners/{sub}/budget",
-                        "GET /v1/usage", "PATCH /v1/keys/{id}", "POST /v1/keys", "PUT /v1/owners/{sub}/budget"],
+                        "GET /v1/owners/{sub}/team", "GET /v1/teams/{team}/budget", "GET /v1/usage",
+                        "PATCH /v1/keys/{id}", "POST /v1/keys", "PUT /v1/owners/{sub}/budget",
+                        "PUT /v1/owners/{sub}/team", "PUT /v1/teams/{team}/budget"],
                   "operations")
         for p, item in doc["paths"].items():
             for m, op in item.items():
@@ -69,7 +71,7 @@ def doc_checks(res):
                 if p.startswith("/v1/"):
                     expect("401" in op["responses"] and "403" in op["responses"], f"{m} {p}: 401/403 undocumented")
         return ", ".join(ops)
-    res.check("[doc] exactly the eight operations, bearer security on /v1/ only", operations)
+    res.check("[doc] exactly the twelve operations, bearer security on /v1/ only", operations)
 
     def patterns():
         n = 0
@@ -95,7 +97,7 @@ def doc_checks(res):
         for param in doc["paths"]["/v1/usage"]["get"]["parameters"]:
             if param["name"] == "group_by":
                 group_by = re.compile(param["schema"]["pattern"])
-        expect(all(group_by.search(s) for s in ("", "day", "model,key", "day,key,service,model")),
+        expect(all(group_by.search(s) for s in ("", "day", "model,key", "day,key,service,model", "team,day")),
                "group_by refuses a grouping")
         expect(not any(group_by.search(s) for s in ("user", "day,", ",day", "day,,key", "DAY", " day")),
                "group_by accepts a bad grouping")

@@ -22,6 +22,7 @@ mod metrics;
 mod model_policy;
 mod null_fields;
 mod operations;
+mod prices;
 mod properties;
 mod replicas;
 mod soak;

@@ -81,11 +81,11 @@ fn budget_members() {
         ),
         (
             br#"{"budget":{"cost_per_day":-1}}"#,
-            "budget.cost_per_day must be",
+            "budget.cost_per_day -1 is negative",
         ),
         (
             br#"{"budget":{"cost_per_month":0.0000001}}"#,
-            "budget.cost_per_month may have at most 6 decimals",
+            "budget.cost_per_month 1e-7 has more than 6 decimals",
         ),
         (
             br#"{"budget":{"cost_per_day":"5"}}"#,

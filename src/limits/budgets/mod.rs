@@ -30,7 +30,7 @@ use crate::config::{BudgetSettings, Enforcement};
 use crate::limits::SharedRedis;
 use crate::observe::metrics::Metrics;
 use crate::pricing::Price;
-use crate::store::{amount_json, Budget, Store, Subject, Unit};
+use crate::store::{amount_text, Budget, Store, Subject, Unit};
 use crate::time::{rfc3339, Clock};
 use local::Local;
 use shared::{Counter, Reply, Shared};
@@ -307,7 +307,6 @@ impl Budgets {
     }
 
     /// The currency a cost budget's refusal names (`[pricing] currency`).
-    #[allow(dead_code)] // Until `[pricing]` is wired in (the pricing branch).
     pub(crate) fn with_currency(mut self, currency: &str) -> Budgets {
         self.currency = currency.into();
         self
@@ -580,7 +579,7 @@ impl Budgets {
             Unit::Requests => "requests",
             Unit::Cost => &*self.currency,
         };
-        let number = |n: u64| amount_json(r.kind.unit(), n);
+        let number = |n: u64| amount_text(r.kind.unit(), n);
         let message = if r.used >= r.limit {
             format!(
                 "{name} budget of {whose} exhausted: {} of {} {unit} used or reserved; it \

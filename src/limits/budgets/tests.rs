@@ -14,7 +14,7 @@ use crate::limits::SharedRedis;
 use crate::observe::metrics::Metrics;
 use crate::store::{
     Budget, BudgetChange, BudgetStore, KeyRecord, KeyStore, LedgerStore, StoreError, StoredKey,
-    Subject, WindowStarts, WindowUsage,
+    Subject, TeamChange, WindowStarts, WindowUsage,
 };
 use crate::time::{parse_date, Clock};
 
@@ -22,6 +22,7 @@ use crate::time::{parse_date, Clock};
 #[derive(Default)]
 struct Store {
     budgets: Mutex<Vec<BudgetChange>>,
+    teams: Mutex<Vec<TeamChange>>,
     ledger: Mutex<HashMap<Subject, WindowUsage>>,
     /// Ledger reads that fail before one succeeds (a store down at start-up).
     failing_reads: std::sync::atomic::AtomicUsize,
@@ -58,6 +59,13 @@ impl BudgetStore for Store {
         let all = self.budgets.lock().unwrap();
         Ok(all
             .iter()
+            .filter(|c| c.changed_at_ms >= since_ms)
+            .cloned()
+            .collect())
+    }
+    async fn team_changes(&self, since_ms: i64) -> Result<Vec<TeamChange>, StoreError> {
+        let all = self.teams.lock().unwrap();
+        Ok((all.iter())
             .filter(|c| c.changed_at_ms >= since_ms)
             .cloned()
             .collect())
@@ -314,6 +322,69 @@ fn asks_reserve_the_prompt_estimate_and_the_stated_cap() {
     );
 }
 
+/// `micros` of cost a day, on a team.
+fn cost_per_day(micros: u64) -> Budget {
+    Budget {
+        cost_per_day: Some(micros),
+        ..Budget::default()
+    }
+}
+
+/// 40 tokens worth 400 micros.
+const COSTLY: Ask = Ask {
+    tokens: 40,
+    requests: 1,
+    cost: 400,
+};
+
+/// Owners `o1` and `o2` in team `red`, whose budget is 1000 micros a day.
+fn red_team(store: &Store) {
+    store.set(Subject::Team("red".into()), cost_per_day(1000), 1);
+    let mut teams = store.teams.lock().unwrap();
+    for owner in ["o1", "o2"] {
+        teams.push(TeamChange {
+            owner: owner.into(),
+            team: Some("red".into()),
+            changed_at_ms: 1,
+        });
+    }
+}
+
+#[tokio::test]
+async fn a_team_cost_budget_covers_every_member_and_settles_to_the_real_cost() {
+    let store = Arc::new(Store::default());
+    red_team(&store);
+    let b = budgets(&store, None).await.with_currency("EUR");
+    let (a, c) = (key("ka", Some("o1")), key("kb", Some("o2")));
+    let standing = b.standing(&a);
+    assert_eq!((standing.class, standing.cost), (Some(true), true));
+    assert_eq!(standing.team.as_deref(), Some("red"));
+    // Not in the team: nothing applies.
+    assert!(b.standing(&key("kc", Some("o3"))).class.is_none());
+    let first = b.reserve(&a, COSTLY, noon()).await.unwrap().unwrap();
+    let _second = b.reserve(&c, COSTLY, noon()).await.unwrap().unwrap();
+    let refused = b.reserve(&a, COSTLY, noon()).await.unwrap_err();
+    assert_eq!(refused.kind, Kind::CostPerDay);
+    assert_eq!(
+        refused.message,
+        "cost_per_day budget of team \"red\" has 0.0002 of 0.001 EUR left, and this request \
+         reserves 0.0004 (its prompt estimate and max_tokens, or default_max_tokens, priced); \
+         it resets at 2026-11-26T00:00:00Z"
+    );
+    // The first cost 100 of its 400: 300 come back, room for one more.
+    b.settle(first, 40, 100, true).await;
+    assert!(b.reserve(&c, COSTLY, noon()).await.is_ok());
+    assert!(b.reserve(&c, COSTLY, noon()).await.is_err());
+    // o2 leaves the team: no longer held by it.
+    store.teams.lock().unwrap().push(TeamChange {
+        owner: "o2".into(),
+        team: None,
+        changed_at_ms: 2,
+    });
+    b.poll(&mut SyncState::default()).await;
+    assert!(b.reserve(&c, COSTLY, noon()).await.unwrap().is_none());
+}
+
 fn redis_backend(url: &str) -> Arc<SharedRedis> {
     let errors =
         prometheus::IntCounterVec::new(prometheus::Opts::new("errors", "test"), &["reason"])
@@ -392,6 +463,54 @@ async fn gateways_sharing_redis_never_admit_past_the_budget_and_a_flush_reseeds_
         admitted += u64::from(r.is_ok());
     }
     assert_eq!(admitted, 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_sharing_redis_never_admit_past_a_team_cost_budget() {
+    let Some(redis) = testkit::redis::RedisServer::start_own_or_skip() else {
+        return;
+    };
+    let team = format!("t{:016x}", rand::random::<u64>());
+    let store = Arc::new(Store::default());
+    store.set(Subject::Team(team.clone()), cost_per_day(10_000), 1);
+    for owner in ["o1", "o2", "o3"] {
+        store.teams.lock().unwrap().push(TeamChange {
+            owner: owner.into(),
+            team: Some(team.clone()),
+            changed_at_ms: 1,
+        });
+    }
+    let fleet = [
+        Arc::new(budgets(&store, Some(redis_backend(redis.url()))).await),
+        Arc::new(budgets(&store, Some(redis_backend(redis.url()))).await),
+    ];
+    for gateway in &fleet {
+        let shared = gateway.shared.as_ref().unwrap();
+        let start = std::time::Instant::now();
+        while !shared.warm().await {
+            assert!(start.elapsed().as_secs() < 10, "redis never answered");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    let mut tasks = Vec::new();
+    for n in 0..100 {
+        let gateway = fleet[n % 2].clone();
+        let owner = ["o1", "o2", "o3"][n % 3];
+        tasks.push(tokio::spawn(async move {
+            let caller = key(&format!("k{n}"), Some(owner));
+            gateway
+                .reserve(&caller, COSTLY, noon())
+                .await
+                .ok()
+                .flatten()
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap().is_some());
+    }
+    // 10 000 / 400: exactly 25, whichever gateway and member asked.
+    assert_eq!(admitted, 25);
 }
 
 #[tokio::test]

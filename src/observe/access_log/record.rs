@@ -77,6 +77,10 @@ pub(crate) struct ProxiedFields<'a> {
     /// A call translated to another API (`messages>chat`); absent when not translated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub translated: Option<&'static str>,
+    /// With `[pricing]`, on a request the ledger charges: what it cost in the table's
+    /// currency, `null` when unpriced; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<serde_json::Value>,
 }
 
 /// A key created or revoked, or a budget changed, through the key API or the CLI.

@@ -47,6 +47,10 @@ pub struct Setup<'a> {
     pub chat_lines: &'a str,
     /// Lines added to `[metering]`.
     pub metering: &'a str,
+    /// TOML of `[pricing]`, after the header; none when empty.
+    pub pricing: &'a str,
+    /// Whole TOML sections added at the end.
+    pub extra: &'a str,
 }
 
 impl Fixture {
@@ -66,6 +70,10 @@ impl Fixture {
              [metering]\nflush_seconds = 1\n{}\n[budgets]\n{}\n",
             self.idp.issuer, setup.metering, setup.budgets
         );
+        if !setup.pricing.is_empty() {
+            extra.push_str(&format!("[pricing]\n{}\n", setup.pricing));
+        }
+        extra.push_str(setup.extra);
         if let Some(url) = setup.redis {
             extra.push_str(&format!("[rate_limits]\nredis = \"{url}\"\n"));
         }

@@ -167,11 +167,13 @@ pub(crate) fn usage_cli(config: &std::path::Path, args: &[&str]) -> Vec<Value> {
             for (name, cell) in header.iter().zip(cells) {
                 let value = match (name.as_str(), cell) {
                     (_, "-") => Value::Null,
-                    ("day" | "key" | "owner" | "service" | "model", v) => json!(v),
+                    ("day" | "key" | "owner" | "service" | "model" | "team", v) => json!(v),
+                    ("cost", v) => serde_json::from_str(v).unwrap(),
                     (_, v) => json!(v.parse::<u64>().unwrap()),
                 };
                 let name = match name.as_str() {
                     "prompt" | "completion" | "reasoning" | "cached" => format!("{name}_tokens"),
+                    "unpriced" => "unpriced_requests".to_string(),
                     other => other.to_string(),
                 };
                 row.insert(name, value);
