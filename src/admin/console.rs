@@ -76,8 +76,9 @@ impl Console {
             // Whether the page offers to ask for `admin_scope` at all: off unless configured,
             // since an issuer that grants any scope asked for would otherwise hand it to anyone.
             "admin_sign_in": settings.console_admin_sign_in,
-            // The label of every cost the page shows (`[pricing] currency`), never converted.
-            "currency": "USD",
+            // The label of every cost the page shows (`[pricing] currency`), never converted;
+            // without a price table nothing is costed, and the page's labels say USD.
+            "currency": config.pricing.as_ref().map_or("USD", |p| p.currency.as_str()),
         });
         let issuer_origin = origin_of(issuer);
         Console {

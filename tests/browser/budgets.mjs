@@ -181,7 +181,7 @@ export function budgetSteps(ctx) {
         assert.ok(['2000', '5000'].includes(r.headers.get('x-ratelimit-limit-tokens')), 'budgets are enforced');
         const { usage } = JSON.parse(text);
         state.budgetTokens += usage.prompt_tokens + usage.completion_tokens;
-        if (env.pricing) state.budgetCost += costMicros('alpha3.6-vl', usage);
+        state.budgetCost += costMicros('alpha3.6-vl', usage);
       }
       assert.ok(state.budgetTokens > 0, 'the upstream reported tokens');
       // Past [metering] flush_seconds, then until the key listing (the view's source) has them.

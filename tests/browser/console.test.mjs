@@ -29,7 +29,7 @@ import { fileURLToPath } from 'node:url';
 
 import { chromium } from 'playwright-core';
 
-import { freePort, gatewayConfig, processes, startUpstream } from './processes.mjs';
+import { freePort, gatewayConfig, priceTable, processes, startUpstream } from './processes.mjs';
 import { budgetSteps } from './budgets.mjs';
 import { teamSteps } from './teams.mjs';
 import { usageSteps } from './usage.mjs';
@@ -54,8 +54,9 @@ for (const f of fs.readdirSync(outDir)) if (/^\d\d-.*\.png$/.test(f)) fs.rmSync(
 
 const { children, start, waitHttp } = processes(tmp, ROOT);
 // Filled by before(): urls, ports, issuer (admin: the console; adminOffered: the one offering
-// admin sign-in); the currency costs are in, and whether the gateways price requests at all.
-const env = { currency: 'USD', pricing: false };
+// admin sign-in); the currency of the gateways' price table (not USD: the page must take it
+// from the gateway's configuration).
+const env = { currency: 'EUR' };
 let upstream; // { server, requests }
 let browser;
 let context;
@@ -198,13 +199,17 @@ before(async () => {
   ], { waitFor: /LISTENING (\d+)/ });
   env.issuer = `http://127.0.0.1:${idp.match[1]}`;
 
-  // The same key store behind both: keys made on one are seen by the other's administrator.
+  // The same key store and price table behind both: keys made on one are seen by the other's
+  // administrator, and a request costs the same on either.
+  const prices = path.join(tmp, 'prices.toml');
+  fs.writeFileSync(prices, priceTable());
   const gateway = (name, port, adminPort, admin) => {
     const config = path.join(tmp, `${name}.toml`);
     fs.writeFileSync(config, gatewayConfig({
       tmp, name, port, adminPort, admin, issuer: env.issuer, audience: AUDIENCE,
       cacheTtlSeconds: CACHE_TTL_SECONDS, flushSeconds: FLUSH_SECONDS, maxKeysPerOwner: MAX_KEYS_PER_OWNER,
       upstream: `http://127.0.0.1:${upstream.server.address().port}`, fakeUpstream: env.fakeUpstream,
+      pricing: { file: prices, currency: env.currency },
     }));
     return start(name, BIN, ['serve', '--config', config]);
   };

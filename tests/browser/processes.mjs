@@ -107,10 +107,11 @@ export function startUpstream() {
 // A gateway's configuration (tests/gateway_config.mjs): the key store (and with it the usage
 // ledger and budgets) in `tmp`, shared by every gateway written with the same `tmp`; `infer` on
 // the recording upstream and the metered `chatx` (`api = "openai"`) on the fake upstream, whose
-// answers state their token counts. `admin`: more keys of its [admin] table.
+// answers state their token counts. `admin`: more keys of its [admin] table; `pricing`: the
+// [pricing] table (none: nothing is costed).
 export function gatewayConfig({
   tmp, name, port, adminPort, admin = {}, issuer, audience, cacheTtlSeconds, flushSeconds, maxKeysPerOwner,
-  upstream, fakeUpstream,
+  upstream, fakeUpstream, pricing,
 }) {
   return renderGatewayConfig({
     comment: 'written by tests/browser/console.test.mjs',
@@ -127,6 +128,7 @@ export function gatewayConfig({
     metering: { flush_seconds: flushSeconds },
     // The budgets tests/browser/budgets.mjs sets in the console are enforced, as in production.
     budgets: { enforcement: 'reserve', default_max_tokens: 256 },
+    ...(pricing ? { pricing } : {}),
     admin: { listen: `127.0.0.1:${adminPort}`, console: true, max_keys_per_owner: maxKeysPerOwner, ...admin },
     services: [
       { name: 'infer', upstream },

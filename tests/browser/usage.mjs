@@ -75,7 +75,7 @@ export function usageSteps(ctx) {
 
       // Two chat completions through the data plane; the upstream states what each one used.
       state.usageTokens = 0;
-      state.usageCost = null; // micros at the test's price table; null while nothing is priced
+      state.usageCost = null; // micros at the test's price table
       state.usageRequests = 2;
       for (let i = 0; i < state.usageRequests; i += 1) {
         const r = await fetch(`${env.gateway}/v1/chatx/v1/chat/completions`, {
@@ -88,8 +88,7 @@ export function usageSteps(ctx) {
         const { usage } = JSON.parse(text);
         assert.ok(usage.prompt_tokens > 0 && usage.completion_tokens > 0, `the upstream reports usage: ${text}`);
         state.usageTokens += usage.prompt_tokens + usage.completion_tokens;
-        const cost = env.pricing ? costMicros('alpha3.6-vl', usage) : null;
-        if (cost !== null) state.usageCost = (state.usageCost || 0) + cost;
+        state.usageCost = (state.usageCost || 0) + costMicros('alpha3.6-vl', usage);
       }
       console.log(`# the upstream reported ${state.usageTokens} tokens for ${state.usageRequests} requests`);
 
@@ -110,7 +109,7 @@ export function usageSteps(ctx) {
       const tokens = String(state.usageTokens);
       const requests = String(state.usageRequests);
       const cost = costText(env.currency, state.usageCost);
-      if (env.pricing) assert.match(cost, /^€0\.\d{2,6}$/, 'a priced key costs something, in the configured currency');
+      assert.match(cost, /^€0\.\d{2,6}$/, 'a priced key costs something, in the configured currency');
       assert.deepEqual(await usageRow(page(), `usage-key-${state.usageId}`),
         { tokensToday: tokens, requestsToday: requests, costToday: cost, tokensMonth: tokens, requestsMonth: requests, costMonth: cost });
       assert.match(await page().getByTestId(`usage-key-${state.usageId}`).textContent(), /usage key/, 'the key is named');
@@ -118,11 +117,11 @@ export function usageSteps(ctx) {
       // with no model no price: its cost is unknown ("—", each request counted unpriced), not 0.
       state.inferRequests = upstream().requests.length;
       const infer = String(state.inferRequests);
-      const unpriced = env.pricing ? state.inferRequests : 0;
+      const unpriced = state.inferRequests;
       const inferCost = costText(env.currency, null, unpriced);
       assert.deepEqual(await usageRow(page(), `usage-key-${state.id}`),
         { tokensToday: '0', requestsToday: infer, costToday: inferCost, tokensMonth: '0', requestsMonth: infer, costMonth: inferCost });
-      if (env.pricing) assert.equal(inferCost, `— · ${infer} unpriced`);
+      assert.equal(inferCost, `— · ${infer} unpriced`);
       const all = String(state.usageRequests + state.inferRequests);
       const allCost = costText(env.currency, state.usageCost, unpriced);
       assert.deepEqual(await usageRow(page(), 'usage-total'),
@@ -152,30 +151,28 @@ export function usageSteps(ctx) {
       const total = page().getByTestId('usage-chart-total');
       await total.locator('svg[data-measure="cost"]').waitFor();
       const today = new Date().toISOString().slice(0, 10);
-      const unpriced = env.pricing ? state.inferRequests : 0;
+      const unpriced = state.inferRequests;
 
       // The priced key: its cost on today's bar, every other day a zero tick.
       for (const d of await chartDays(page(), `usage-chart-${state.usageId}`)) {
         if (d.day !== today) {
           assert.deepEqual([d.cost, d.bars], [null, ['bar-zero']], `a quiet day, ${d.day}`);
-        } else if (env.pricing) {
-          assert.deepEqual([d.cost, d.unpriced, d.bars], [state.usageCost / 1e6, 0, ['bar-cost']], 'the priced key\'s day');
         } else {
-          assert.deepEqual([d.cost, d.bars], [null, ['bar-unpriced']], 'no price table: cost unknown');
+          assert.deepEqual([d.cost, d.unpriced, d.bars], [state.usageCost / 1e6, 0, ['bar-cost']], 'the priced key\'s day');
         }
       }
       // The key whose requests had no price: drawn as unknown (dashed), never as a zero tick.
       const inferDay = (await chartDays(page(), `usage-chart-${state.id}`)).find((d) => d.day === today);
       assert.deepEqual([inferDay.cost, inferDay.unpriced, inferDay.bars], [null, unpriced, ['bar-unpriced']], 'the unpriced key\'s day');
       const totalDay = (await chartDays(page(), 'usage-chart-total')).find((d) => d.day === today);
-      assert.equal(totalDay.cost, env.pricing ? state.usageCost / 1e6 : null, 'the total chart\'s cost');
+      assert.equal(totalDay.cost, state.usageCost / 1e6, 'the total chart\'s cost');
       assert.equal(totalDay.unpriced, unpriced);
 
       const axis = await total.locator('svg text.axis').allTextContents();
       assert.ok(axis.includes(costText(env.currency, 0)), `the cost axis is in the currency: ${axis}`);
       assert.deepEqual(await total.locator('.legend li').allTextContents(),
         [`Cost (${env.currency})`, 'Requests with no price: cost unknown']);
-      assert.match(await total.locator('svg desc').textContent(), env.pricing ? /most on/ : /unknown cost/);
+      assert.match(await total.locator('svg desc').textContent(), /most on .* 1 day\(s\) with requests of unknown cost/);
       await page().getByTestId('usage').scrollIntoViewIfNeeded();
       await screenshot('usage-view-cost');
       await noHorizontalScroll(390);
@@ -220,7 +217,7 @@ export function usageSteps(ctx) {
       // The first gateway answered the revoke step's polling: what reached the upstream was charged.
       const requests = String(state.usageRequests + upstream().requests.length);
       const tokens = String(state.usageTokens);
-      const cost = costText(env.currency, state.usageCost, env.pricing ? upstream().requests.length : 0);
+      const cost = costText(env.currency, state.usageCost, upstream().requests.length);
       await page().getByTestId('usage-owners').waitFor();
       assert.deepEqual(await usageRow(page(), 'usage-owner-alice'),
         { tokensToday: tokens, requestsToday: requests, costToday: cost, tokensMonth: tokens, requestsMonth: requests, costMonth: cost });

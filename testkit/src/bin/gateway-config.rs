@@ -19,7 +19,7 @@
 //!                  "negative_cache_ttl_seconds": 1, …},           [auth.api_keys]
 //!     "jwt": {"issuer": "…", "audience": "…", …},                 [auth.jwt]
 //!     "access_log": {…}, "admin": {…}, "budgets": {…}, "dns": {…}, "metering": {…},
-//!     "rate_limits": {…},               those tables as given ({} writes the bare table)
+//!     "pricing": {…}, "rate_limits": {…},   those tables as given ({} writes the bare table)
 //!     "services": [{"name": "chatx", "upstream": "http://…" or ["http://…", …] (one: a string),
 //!                   "scope": "chatx" (default: the name),
 //!                   "models": {"default": "m", "aliases": {"a": "m2"}},
@@ -57,6 +57,7 @@ struct Description {
     budgets: Option<Entries>,
     dns: Option<Entries>,
     metering: Option<Entries>,
+    pricing: Option<Entries>,
     rate_limits: Option<Entries>,
     #[serde(default)]
     services: Vec<ServiceDescription>,
@@ -186,6 +187,7 @@ fn render(d: &Description) -> Result<String, String> {
         ("budgets", &d.budgets),
         ("dns", &d.dns),
         ("metering", &d.metering),
+        ("pricing", &d.pricing),
         ("rate_limits", &d.rate_limits),
     ];
     for (name, entries) in tables {
