@@ -11,6 +11,7 @@ mod auth;
 mod budget_admin;
 mod budgets;
 mod connections;
+mod costs;
 mod fleet_keys;
 mod fleet_rate_limits;
 mod fuzz_corpus;

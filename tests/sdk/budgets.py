@@ -17,6 +17,16 @@ import openai
 
 from harness import CheckFailed, expect, expect_eq
 
+# run.py's [pricing] table: the chat model at 1 USD per million tokens in and out, so a request's
+# worst case costs a micro per token it reserves.
+PRICES = """
+[[price]]
+model = "alpha3.6-vl"
+from = "2000-01-01"
+input = 1
+output = 1
+"""
+
 # run.py's [budgets] (the reservation rule below depends on it).
 BUDGETS = {"enforcement": "reserve", "default_max_tokens": 1024, "prompt_bytes_per_token": 4}
 PROMPT_BYTES_PER_TOKEN = 4
@@ -283,6 +293,24 @@ def budget_checks(gw, free_token):
                     f"token headers seen: {state['requests_tokens_headers']}")
         raise CheckFailed("a third request on a budget of 2 requests a day was answered")
 
+    def cost_budget():
+        # A millionth of a dollar a day: any request's priced worst case is more.
+        key, key_id = budgeted_key("sdk-budget-cost", "--cost-per-day", "0.000001")
+        bodies = Bodies()
+        try:
+            client(key, bodies=bodies).chat.completions.create(model=model, messages=msgs, max_tokens=MAX_TOKENS)
+        except openai.RateLimitError as e:
+            expect_eq(e.status_code, 429, "status")
+            expect_eq(e.body, "budget_exceeded", "RateLimitError.body (the error code)")
+            message = e.response.json().get("message") or ""
+            expect(re.search(rf"cost_per_day budget of key {key_id} has 0\.000001 of 0\.000001 USD left", message),
+                   f"the message names the window, the key and the currency: {message!r}")
+            expect("resets at" in message, f"the message says when it resets: {message!r}")
+            expect_eq(len(bodies.sent), 1, "requests sent (max_retries=0)")
+            retry = expect_retry_after(e.response.headers)
+            return f"RateLimitError 429, Retry-After {retry}, message {message!r}"
+        raise CheckFailed("a request past a cost budget was answered")
+
     return [
         ("a caller without a budget gets the upstream's own x-ratelimit headers", unbudgeted),
         ("with_raw_response on a tokens_per_day key: x-ratelimit-*-tokens give the budget, what the "
@@ -296,4 +324,6 @@ def budget_checks(gw, free_token):
         ("stream=True past the budget raises RateLimitError from create(), before any chunk", stream_refused),
         ("a requests_per_day key: x-ratelimit-*-requests count down, then RateLimitError naming "
          "requests_per_day", requests_budget),
+        ("a cost_per_day key: a request whose priced worst case does not fit raises RateLimitError, "
+         "the message naming cost_per_day and the currency", cost_budget),
     ]

@@ -259,6 +259,24 @@ if (CLI && CONFIG) {
     assert.ok(Number(budget.err.headers.get('x-ratelimit-remaining-tokens')) >= 0);
   });
 
+  // run.py's [pricing] prices the chat model at 1 USD per million tokens: any request's priced
+  // worst case is more than a millionth of a dollar.
+  test('budgets: a cost_per_day key too small for the request rejects with OpenAI.RateLimitError, budget_exceeded', { timeout: 30_000 }, async () => {
+    const out = execFileSync(CLI, ['keys', 'create', '--config', CONFIG, '--name', 'sdk-node-cost',
+      '--scopes', 'infer', '--cost-per-day', '0.000001'], { encoding: 'utf8' });
+    const key = out.trim().split('\n').at(-1);
+    const sizes = [];
+    await assert.rejects(recording(key, sizes).chat.completions.create(request), (err) => {
+      assert.ok(err instanceof OpenAI.RateLimitError, `${err?.constructor?.name}: ${err}`);
+      assert.equal(err.status, 429);
+      assert.equal(err.error, 'budget_exceeded');
+      const retry = Number(err.headers.get('retry-after'));
+      assert.ok(Number.isInteger(retry) && Math.abs(retry - toMidnight()) <= SLACK_S, `retry-after ${retry}`);
+      return true;
+    });
+    assert.equal(sizes.length, 1, 'one request sent (maxRetries: 0)');
+  });
+
   test('budgets: with the SDK\'s default retries a refusal hours from its reset still rejects at once (x-should-retry: false)', { timeout: 30_000 }, async () => {
     assert.ok(budget.key, 'no budgeted key (an earlier test failed)');
     if (toMidnight() <= 60) return; // the window ends within a minute: a retry is allowed then

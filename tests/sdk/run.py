@@ -42,7 +42,7 @@ from plain_http import HTTP_TIMEOUT, http_call  # noqa: E402
 from sdk_checks import (  # noqa: E402
     CHATX_ALIASES, CHATX_DEFAULT, EMB_MODEL, SERVICES, connection_reuse_checks, expect_unauthorized, run_sdk_suite)
 from provider import AUDIENCE, Idp, idp_checks, rotation_check  # noqa: E402
-from budgets import BUDGETS, budget_checks, wait_for_a_whole_day  # noqa: E402
+from budgets import BUDGETS, PRICES, budget_checks, wait_for_a_whole_day  # noqa: E402
 from agents import agent_checks, agents_service  # noqa: E402
 from bridge import bridge_checks, bridge_services  # noqa: E402
 
@@ -76,8 +76,17 @@ def config(tmp, port, metrics_port, upstream_port, gone_port, issuer, key_store=
         "api_keys": {"database": key_store or f"sqlite://{tmp}/keys.db"},
         "jwt": {"issuer": issuer, "audience": AUDIENCE},
         "budgets": BUDGETS,
+        "pricing": {"file": write_prices(tmp), "currency": "USD"},
         "services": services,
     }
+
+
+def write_prices(tmp):
+    """The price table of the budget checks (tests/sdk/budgets.py: PRICES); its path."""
+    path = os.path.join(tmp, "prices.toml")
+    with open(path, "w") as f:
+        f.write(PRICES)
+    return path
 
 
 class Gateway:

@@ -513,6 +513,73 @@ async fn gateways_sharing_redis_never_admit_past_a_team_cost_budget() {
     assert_eq!(admitted, 25);
 }
 
+/// Scripts the server has run since it started (`INFO commandstats`: `EVALSHA` and `EVAL`, the
+/// commands a reservation or a settlement sends; the commands inside a script are not round
+/// trips).
+async fn commands_run(url: &str) -> u64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// The Redis round trips of `n` reservations and their settlements (each charged less than
+/// it reserved, so each settles through Redis).
+async fn round_trips(b: &Budgets, url: &str, caller: &Principal, ask: Ask, n: u64) -> u64 {
+    let before = commands_run(url).await;
+    for _ in 0..n {
+        let r = b.reserve(caller, ask, noon()).await.unwrap().unwrap();
+        b.settle(r, ask.tokens / 2, ask.cost / 2, true).await;
+    }
+    commands_run(url).await - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cost_and_team_budgets_take_no_more_redis_round_trips_than_a_token_budget() {
+    let Some(redis) = testkit::redis::RedisServer::start_own_or_skip() else {
+        return;
+    };
+    let store = Arc::new(Store::default());
+    store.set(Subject::Key("tokens".into()), per_day(1_000_000), 1);
+    // Every window limited on the key, its owner and its team: six counters each.
+    let all = Budget::from_limits([Some(1 << 40); Budget::N]);
+    store.set(Subject::Key("money".into()), all, 1);
+    store.set(Subject::Owner("o1".into()), all, 1);
+    store.set(Subject::Team("red".into()), all, 1);
+    store.teams.lock().unwrap().push(TeamChange {
+        owner: "o1".into(),
+        team: Some("red".into()),
+        changed_at_ms: 1,
+    });
+    let b = budgets(&store, Some(redis_backend(redis.url()))).await;
+    let shared = b.shared.as_ref().unwrap();
+    while !shared.warm().await {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Once each first: the counters' seeding is a start-of-window cost, not a request's.
+    let url = redis.url();
+    round_trips(&b, url, &key("tokens", None), COSTLY, 1).await;
+    round_trips(&b, url, &key("money", Some("o1")), COSTLY, 1).await;
+    let tokens = round_trips(&b, url, &key("tokens", None), COSTLY, 20).await;
+    let money = round_trips(&b, url, &key("money", Some("o1")), COSTLY, 20).await;
+    assert_eq!(tokens, 40, "a reserve and an adjust per request");
+    assert_eq!(money, tokens, "18 counters, the same two round trips");
+}
+
 #[tokio::test]
 async fn a_key_made_with_a_budget_is_held_to_it_before_the_poller_sees_it_and_a_clear_wins() {
     let store = Arc::new(Store::default());

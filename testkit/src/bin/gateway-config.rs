@@ -19,7 +19,7 @@
 //!                  "negative_cache_ttl_seconds": 1, …},           [auth.api_keys]
 //!     "jwt": {"issuer": "…", "audience": "…", …},                 [auth.jwt]
 //!     "access_log": {…}, "admin": {…}, "budgets": {…}, "dns": {…}, "metering": {…},
-//!     "pricing": {…}, "rate_limits": {…},   those tables as given ({} writes the bare table)
+//!     "pricing": {…}, "rate_limits": {…},  those tables as given ({} writes the bare table)
 //!     "services": [{"name": "chatx", "upstream": "http://…" or ["http://…", …] (one: a string),
 //!                   "scope": "chatx" (default: the name),
 //!                   "models": {"default": "m", "aliases": {"a": "m2"}},
