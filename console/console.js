@@ -1,8 +1,8 @@
 // Portcullis key console: sign in with OAuth 2.0 authorization code + PKCE (S256) at the
 // configured OpenID provider, then create, list and revoke API keys through the gateway's
 // key-management API on this page's own origin (/v1/keys), and show their usage (/v1/usage,
-// drawn by usage.js) and budgets (budgets.js), both with this file's api(), so the token never
-// leaves this closure.
+// drawn by usage.js), budgets (budgets.js) and teams (teams.js), all with this file's api(), so
+// the token never leaves this closure.
 //
 // Where things live:
 //   - the access token: in this script's memory only (never localStorage, sessionStorage or a
@@ -28,6 +28,7 @@
   const { randomString, s256, consoleUrl, getJson, discover, decodeClaims, formatTime } = window.PortcullisOidc;
   let usage = null; // usage.js's view, made in start() with this file's api(): the token stays here
   let budgets = null; // budgets.js's view, likewise
+  let teams = null; // teams.js's view, likewise
 
   // ---- small helpers ----------------------------------------------------------------------
 
@@ -152,6 +153,7 @@
     $('create-form').reset();
     if (usage) usage.clear();
     if (budgets) budgets.clear();
+    if (teams) teams.clear();
     render();
     say(message || 'Signed out. The page no longer holds a token.', message ? 'error' : 'info');
   }
@@ -417,7 +419,7 @@
     $('sign-in').addEventListener('click', signIn);
     $('sign-out').addEventListener('click', () => signOut());
     $('create-form').addEventListener('submit', create);
-    $('refresh-keys').addEventListener('click', () => Promise.all([loadKeys(), budgets.load()]).then(
+    $('refresh-keys').addEventListener('click', () => Promise.all([loadKeys(), budgets.load(), teams.load()]).then(
       () => say('Key list refreshed.'),
       (err) => token && say(`Could not list keys: ${describe(err)}`, 'error'),
     ));
@@ -432,10 +434,6 @@
       $('key-name').focus();
     });
     $('keys-title').tabIndex = -1;
-    const viewer = () => ({ signedIn: Boolean(token), sub: token && token.sub, admin: isAdmin() });
-    usage = window.PortcullisUsage.create({ api, describe, keys: () => keys, viewer });
-    budgets = window.PortcullisBudgets.create({ api, describe, say, viewer, updateKey });
-    $('refresh-usage').addEventListener('click', () => usage.load());
 
     try {
       config = await getJson(new URL('config.json', location.href).href, 'console configuration');
@@ -444,6 +442,14 @@
       render();
       return;
     }
+    // The views are made once the configuration names the currency their costs are in.
+    const currency = typeof config.currency === 'string' && config.currency ? config.currency : 'USD';
+    for (const el of document.querySelectorAll('.currency-name')) el.textContent = currency;
+    const viewer = () => ({ signedIn: Boolean(token), sub: token && token.sub, admin: isAdmin() });
+    usage = window.PortcullisUsage.create({ api, describe, keys: () => keys, viewer, currency });
+    budgets = window.PortcullisBudgets.create({ api, describe, say, viewer, updateKey, currency });
+    teams = window.PortcullisTeams.create({ api, describe, viewer, currency });
+    $('refresh-usage').addEventListener('click', () => usage.load());
     $('admin-scope-name').textContent = config.admin_scope || '';
     // Offered only when the operator configured it: an issuer that grants whatever scope is
     // asked for would otherwise make anyone ticking the box an administrator.
@@ -468,7 +474,7 @@
       } catch (err) {
         if (token) say(`Could not list keys: ${describe(err)}`, 'error');
       }
-      if (token) await Promise.all([usage.load(), budgets.load()]); // after the keys, whose names usage shows
+      if (token) await Promise.all([usage.load(), budgets.load(), teams.load()]); // after the keys, whose names usage shows
       return;
     }
     // A stale round trip (the user came back without finishing) leaves nothing behind.

@@ -1,6 +1,7 @@
 // Portcullis key console, the helpers without page state: PKCE (RFC 7636, S256), OpenID
-// discovery, reading a JWT's claims for display, and times as the key list shows them. Loaded
-// before console.js, which takes them from window.PortcullisOidc.
+// discovery, reading a JWT's claims for display, times as the key list shows them and amounts
+// of money as every view shows them. Loaded first: console.js takes them from
+// window.PortcullisOidc, and hands formatMoney to the other views.
 'use strict';
 
 window.PortcullisOidc = (() => {
@@ -69,5 +70,26 @@ window.PortcullisOidc = (() => {
     return d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, ' UTC').replace(/Z$/, ' UTC');
   }
 
-  return Object.freeze({ randomString, s256, consoleUrl, getJson, discover, decodeClaims, formatTime });
+  // An amount of `currency` (the gateway's [pricing] currency, a label it never converts):
+  // "$0.0125" for an ISO 4217 code, else "0.0125 credits". At least two decimals, at most the
+  // six the gateway keeps, so a small cost is never rounded away to 0.
+  const moneyFormats = new Map();
+  function formatMoney(units, currency) {
+    const label = String(currency || '');
+    if (!moneyFormats.has(label)) {
+      const digits = { minimumFractionDigits: 2, maximumFractionDigits: 6 };
+      let format;
+      try {
+        const intl = new Intl.NumberFormat('en', { style: 'currency', currency: label, ...digits });
+        format = (n) => intl.format(n);
+      } catch {
+        const intl = new Intl.NumberFormat('en', digits);
+        format = (n) => (label ? `${intl.format(n)} ${label}` : intl.format(n));
+      }
+      moneyFormats.set(label, format);
+    }
+    return moneyFormats.get(label)(Number(units) || 0);
+  }
+
+  return Object.freeze({ randomString, s256, consoleUrl, getJson, discover, decodeClaims, formatTime, formatMoney });
 })();

@@ -1,6 +1,6 @@
-//! The reference console (`console/`: one page, four scripts, no build step), embedded in the
+//! The reference console (`console/`: one page, five scripts, no build step), embedded in the
 //! binary and served under `/console/` when `[admin] console = true`, so no second web server
-//! is needed. `config.json` tells the page where to sign in.
+//! is needed. `config.json` tells the page where to sign in and which currency costs are in.
 
 use super::reply::Reply;
 use crate::config::{AdminSettings, Config};
@@ -10,6 +10,7 @@ const CONSOLE_JS: &str = include_str!("../../console/console.js");
 const OIDC_JS: &str = include_str!("../../console/oidc.js");
 const USAGE_JS: &str = include_str!("../../console/usage.js");
 const BUDGETS_JS: &str = include_str!("../../console/budgets.js");
+const TEAMS_JS: &str = include_str!("../../console/teams.js");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Asset {
@@ -18,6 +19,7 @@ pub(crate) enum Asset {
     OidcScript,
     UsageScript,
     BudgetsScript,
+    TeamsScript,
     Config,
 }
 
@@ -29,6 +31,7 @@ impl Asset {
             "/console/oidc.js" => Some(Asset::OidcScript),
             "/console/usage.js" => Some(Asset::UsageScript),
             "/console/budgets.js" => Some(Asset::BudgetsScript),
+            "/console/teams.js" => Some(Asset::TeamsScript),
             "/console/config.json" => Some(Asset::Config),
             _ => None,
         }
@@ -73,6 +76,9 @@ impl Console {
             // Whether the page offers to ask for `admin_scope` at all: off unless configured,
             // since an issuer that grants any scope asked for would otherwise hand it to anyone.
             "admin_sign_in": settings.console_admin_sign_in,
+            // The label of every cost the page shows (`[pricing] currency`), never converted;
+            // without a price table nothing is costed, and the page's labels say USD.
+            "currency": config.pricing.as_ref().map_or("USD", |p| p.currency.as_str()),
         });
         let issuer_origin = origin_of(issuer);
         Console {
@@ -101,6 +107,9 @@ impl Console {
             }
             Asset::BudgetsScript => {
                 Reply::static_body(200, "text/javascript; charset=utf-8", BUDGETS_JS.as_bytes())
+            }
+            Asset::TeamsScript => {
+                Reply::static_body(200, "text/javascript; charset=utf-8", TEAMS_JS.as_bytes())
             }
             Asset::Config => Reply::static_body(200, "application/json", self.config_json),
         };

@@ -8,9 +8,11 @@
 // its token counts: the usage view must show exactly those, today, this month and in its 30-day
 // charts. A second gateway on the same key store offers administrator sign-in
 // (`console_admin_sign_in`, `admin_subjects`); the first one must not even show it, and there
-// the administrator sees every owner's usage. Budgets (tests/browser/budgets.mjs): an
-// administrator sets an owner's budget, the owner sets its keys' within it, and real requests
-// show as "used / budget".
+// the administrator sees every owner's usage, and the cost of each row at the test's price
+// table (tests/browser/usage.mjs). Budgets (tests/browser/budgets.mjs): an administrator sets
+// an owner's budget, the owner sets its keys' within it, and real requests show as
+// "used / budget · left". Teams (tests/browser/teams.mjs): the administrator puts the owner in
+// a team and sets the team's cost budget; the owner sees its team and what is left of it.
 //
 //   node --test tests/browser/console.test.mjs      (scripts/browser-tests.sh installs and runs it)
 //
@@ -27,8 +29,9 @@ import { fileURLToPath } from 'node:url';
 
 import { chromium } from 'playwright-core';
 
-import { freePort, gatewayConfig, processes, startUpstream } from './processes.mjs';
+import { freePort, gatewayConfig, priceTable, processes, startUpstream } from './processes.mjs';
 import { budgetSteps } from './budgets.mjs';
+import { teamSteps } from './teams.mjs';
 import { usageSteps } from './usage.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -50,7 +53,10 @@ fs.mkdirSync(outDir, { recursive: true });
 for (const f of fs.readdirSync(outDir)) if (/^\d\d-.*\.png$/.test(f)) fs.rmSync(path.join(outDir, f)); // an earlier run's
 
 const { children, start, waitHttp } = processes(tmp, ROOT);
-const env = {}; // filled by before(): urls, ports, issuer (admin: the console; adminOffered: the one offering admin sign-in)
+// Filled by before(): urls, ports, issuer (admin: the console; adminOffered: the one offering
+// admin sign-in); the currency of the gateways' price table (not USD: the page must take it
+// from the gateway's configuration).
+const env = { currency: 'EUR' };
 let upstream; // { server, requests }
 let browser;
 let context;
@@ -91,7 +97,7 @@ async function newPage() {
     // The API's own 4xx answers (the 409 and the usage 400 the test provokes) are logged by
     // Chromium as failed loads.
     const from = msg.location().url || '';
-    const api = (p) => p.startsWith('/v1/keys') || p === '/v1/usage' || p.startsWith('/v1/owners/');
+    const api = (p) => p.startsWith('/v1/keys') || p === '/v1/usage' || p.startsWith('/v1/owners/') || p.startsWith('/v1/teams/');
     if (/^Failed to load resource/.test(msg.text()) && onConsole(from) && api(new URL(from).pathname)) return;
     pageProblems.push(`console error at ${page.url()}: ${msg.text()} (${msg.location().url || 'page'})`);
   });
@@ -193,13 +199,17 @@ before(async () => {
   ], { waitFor: /LISTENING (\d+)/ });
   env.issuer = `http://127.0.0.1:${idp.match[1]}`;
 
-  // The same key store behind both: keys made on one are seen by the other's administrator.
+  // The same key store and price table behind both: keys made on one are seen by the other's
+  // administrator, and a request costs the same on either.
+  const prices = path.join(tmp, 'prices.toml');
+  fs.writeFileSync(prices, priceTable());
   const gateway = (name, port, adminPort, admin) => {
     const config = path.join(tmp, `${name}.toml`);
     fs.writeFileSync(config, gatewayConfig({
       tmp, name, port, adminPort, admin, issuer: env.issuer, audience: AUDIENCE,
       cacheTtlSeconds: CACHE_TTL_SECONDS, flushSeconds: FLUSH_SECONDS, maxKeysPerOwner: MAX_KEYS_PER_OWNER,
       upstream: `http://127.0.0.1:${upstream.server.address().port}`, fakeUpstream: env.fakeUpstream,
+      pricing: { file: prices, currency: env.currency },
     }));
     return start(name, BIN, ['serve', '--config', config]);
   };
@@ -245,13 +255,19 @@ const budgets = budgetSteps({
   step, env, state, screenshot, createKey, noHorizontalScroll, signIn, flushSeconds: FLUSH_SECONDS,
   page: () => page, freshPage: async () => { await context.close(); await newPage(); },
 });
+const teams = teamSteps({
+  step, env, state, screenshot, noHorizontalScroll, signInAs: budgets.signInAs, flushSeconds: FLUSH_SECONDS,
+  page: () => page,
+});
 
 step('the admin listener serves the console page, its scripts and its configuration', async () => {
   const html = await fetch(`${env.admin}/console/`);
   assert.equal(html.status, 200);
   assert.match(html.headers.get('content-type') || '', /^text\/html/);
-  assert.match(await html.text(), /<script src="oidc\.js"><\/script>\s*<script src="usage\.js"><\/script>\s*<script src="budgets\.js"><\/script>\s*<script src="console\.js"><\/script>/);
-  for (const script of ['oidc.js', 'usage.js', 'budgets.js', 'console.js']) {
+  const scripts = ['oidc.js', 'usage.js', 'budgets.js', 'teams.js', 'console.js'];
+  const tags = scripts.map((s) => `<script src="${s.replace('.', '\\.')}"></script>`).join('\\s*');
+  assert.match(await html.text(), new RegExp(tags), 'the scripts, in their order');
+  for (const script of scripts) {
     const js = await fetch(`${env.admin}/console/${script}`);
     assert.equal(js.status, 200, script);
     assert.match(js.headers.get('content-type') || '', /^(text|application)\/javascript/);
@@ -271,6 +287,7 @@ step('the admin listener serves the console page, its scripts and its configurat
   assert.equal(body.gateway_url, env.gateway);
   assert.equal(body.admin_scope, 'portcullis:admin');
   assert.equal(body.admin_sign_in, false, 'admin sign-in is off unless configured');
+  assert.equal(body.currency, env.currency, 'the currency of [pricing], which the page labels costs with');
   assert.ok(body.scopes.includes('openid') && body.scopes.includes('infer'), `scopes ${JSON.stringify(body.scopes)}`);
 });
 
@@ -503,3 +520,5 @@ step("an administrator (login `admin`, admin scope requested where offered) sees
 usage.adminSteps();
 
 budgets.steps();
+
+teams.steps();

@@ -107,10 +107,11 @@ export function startUpstream() {
 // A gateway's configuration (tests/gateway_config.mjs): the key store (and with it the usage
 // ledger and budgets) in `tmp`, shared by every gateway written with the same `tmp`; `infer` on
 // the recording upstream and the metered `chatx` (`api = "openai"`) on the fake upstream, whose
-// answers state their token counts. `admin`: more keys of its [admin] table.
+// answers state their token counts. `admin`: more keys of its [admin] table; `pricing`: the
+// [pricing] table (none: nothing is costed).
 export function gatewayConfig({
   tmp, name, port, adminPort, admin = {}, issuer, audience, cacheTtlSeconds, flushSeconds, maxKeysPerOwner,
-  upstream, fakeUpstream,
+  upstream, fakeUpstream, pricing,
 }) {
   return renderGatewayConfig({
     comment: 'written by tests/browser/console.test.mjs',
@@ -127,6 +128,7 @@ export function gatewayConfig({
     metering: { flush_seconds: flushSeconds },
     // The budgets tests/browser/budgets.mjs sets in the console are enforced, as in production.
     budgets: { enforcement: 'reserve', default_max_tokens: 256 },
+    ...(pricing ? { pricing } : {}),
     admin: { listen: `127.0.0.1:${adminPort}`, console: true, max_keys_per_owner: maxKeysPerOwner, ...admin },
     services: [
       { name: 'infer', upstream },
@@ -134,4 +136,34 @@ export function gatewayConfig({
       { name: 'chatx', upstream: fakeUpstream, api: 'openai' },
     ],
   });
+}
+
+// The test's price table ([pricing] file, written into the test's temporary directory): one
+// model priced, in whole millionths per token so that every cost is exact; every other model
+// (and a request naming none) is unpriced. Per million tokens, as the table's format has it.
+export const PRICES = { 'alpha3.6-vl': { input: 2, cached_input: 1, output: 10 } };
+
+export function priceTable() {
+  return Object.entries(PRICES).map(([model, p]) => [
+    '[[price]]', `model = "${model}"`, 'from = "2000-01-01"',
+    `input = ${p.input}.0`, `cached_input = ${p.cached_input}.0`, `output = ${p.output}.0`, '',
+  ].join('\n')).join('\n');
+}
+
+// What a request of `model` that used `usage` (an OpenAI usage object) costs, in millionths of
+// the currency; null when the model has no price. Cached prompt tokens at the cached price,
+// reasoning inside completion, as docs/costs.md computes it.
+export function costMicros(model, usage) {
+  const p = PRICES[model];
+  if (!p) return null;
+  const cached = usage.prompt_tokens_details?.cached_tokens || 0;
+  return (usage.prompt_tokens - cached) * p.input + cached * p.cached_input + usage.completion_tokens * p.output;
+}
+
+// A cost as the console writes it: the amount in `currency` ("—" for none known) and, when some
+// requests had no price, how many.
+export function costText(currency, micros, unpriced = 0) {
+  const digits = { minimumFractionDigits: 2, maximumFractionDigits: 6 };
+  const cost = micros === null ? '—' : new Intl.NumberFormat('en', { style: 'currency', currency, ...digits }).format(micros / 1e6);
+  return unpriced > 0 ? `${cost} · ${unpriced} unpriced` : cost;
 }

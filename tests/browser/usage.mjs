@@ -1,8 +1,12 @@
 // The console's usage view in the browser test (tests/browser/console.test.mjs registers these
 // steps in its order and hands over its page, state and helpers): a key's calls to a metered
 // service, whose upstream states its token counts, shown today, this month and in 30-day charts;
+// their cost at the test's price table beside the tokens, and a key whose requests had no price
+// shown as unpriced, never as a cost of 0, in the table and in the chart switched to cost;
 // the API's own message on a failed report; an administrator's owner totals.
 import assert from 'node:assert/strict';
+
+import { costMicros, costText } from './processes.mjs';
 
 // What the usage view shows for one row (a key's or an owner's): the visible numbers.
 async function usageRow(page, testid) {
@@ -12,15 +16,23 @@ async function usageRow(page, testid) {
   return {
     tokensToday: await text('tokens-today'),
     requestsToday: await text('requests-today'),
+    costToday: await text('cost-today'),
     tokensMonth: await text('tokens-month'),
     requestsMonth: await text('requests-month'),
+    costMonth: await text('cost-month'),
   };
 }
 
-// A chart's days as drawn: [{ day, tokens }] in order.
+// A chart's days as drawn: [{ day, tokens, requests, cost, unpriced, bars }] in order; `cost`
+// null where none is known, `bars` the classes of its shapes.
 async function chartDays(page, testid) {
   return page.getByTestId(testid).locator('svg g.day').evaluateAll((gs) => gs.map((g) => ({
-    day: g.dataset.day, tokens: Number(g.dataset.tokens), requests: Number(g.dataset.requests),
+    day: g.dataset.day,
+    tokens: Number(g.dataset.tokens),
+    requests: Number(g.dataset.requests),
+    cost: g.dataset.cost === '' ? null : Number(g.dataset.cost),
+    unpriced: Number(g.dataset.unpriced),
+    bars: [...g.querySelectorAll('rect')].map((r) => r.getAttribute('class')),
   })));
 }
 
@@ -63,6 +75,7 @@ export function usageSteps(ctx) {
 
       // Two chat completions through the data plane; the upstream states what each one used.
       state.usageTokens = 0;
+      state.usageCost = null; // micros at the test's price table
       state.usageRequests = 2;
       for (let i = 0; i < state.usageRequests; i += 1) {
         const r = await fetch(`${env.gateway}/v1/chatx/v1/chat/completions`, {
@@ -75,6 +88,7 @@ export function usageSteps(ctx) {
         const { usage } = JSON.parse(text);
         assert.ok(usage.prompt_tokens > 0 && usage.completion_tokens > 0, `the upstream reports usage: ${text}`);
         state.usageTokens += usage.prompt_tokens + usage.completion_tokens;
+        state.usageCost = (state.usageCost || 0) + costMicros('alpha3.6-vl', usage);
       }
       console.log(`# the upstream reported ${state.usageTokens} tokens for ${state.usageRequests} requests`);
 
@@ -94,22 +108,31 @@ export function usageSteps(ctx) {
       const today = new Date().toISOString().slice(0, 10);
       const tokens = String(state.usageTokens);
       const requests = String(state.usageRequests);
+      const cost = costText(env.currency, state.usageCost);
+      assert.match(cost, /^€0\.\d{2,6}$/, 'a priced key costs something, in the configured currency');
       assert.deepEqual(await usageRow(page(), `usage-key-${state.usageId}`),
-        { tokensToday: tokens, requestsToday: requests, tokensMonth: tokens, requestsMonth: requests });
+        { tokensToday: tokens, requestsToday: requests, costToday: cost, tokensMonth: tokens, requestsMonth: requests, costMonth: cost });
       assert.match(await page().getByTestId(`usage-key-${state.usageId}`).textContent(), /usage key/, 'the key is named');
-      // The first key called a service without `api`: requests counted, no tokens read.
+      // The first key called a service without `api`: requests counted, no tokens read, and
+      // with no model no price: its cost is unknown ("—", each request counted unpriced), not 0.
       state.inferRequests = upstream().requests.length;
       const infer = String(state.inferRequests);
+      const unpriced = state.inferRequests;
+      const inferCost = costText(env.currency, null, unpriced);
       assert.deepEqual(await usageRow(page(), `usage-key-${state.id}`),
-        { tokensToday: '0', requestsToday: infer, tokensMonth: '0', requestsMonth: infer });
+        { tokensToday: '0', requestsToday: infer, costToday: inferCost, tokensMonth: '0', requestsMonth: infer, costMonth: inferCost });
+      assert.equal(inferCost, `— · ${infer} unpriced`);
       const all = String(state.usageRequests + state.inferRequests);
-      assert.deepEqual(await usageRow(page(), 'usage-total'), { tokensToday: tokens, requestsToday: all, tokensMonth: tokens, requestsMonth: all });
+      const allCost = costText(env.currency, state.usageCost, unpriced);
+      assert.deepEqual(await usageRow(page(), 'usage-total'),
+        { tokensToday: tokens, requestsToday: all, costToday: allCost, tokensMonth: tokens, requestsMonth: all, costMonth: allCost });
 
       assertChart(await chartDays(page(), `usage-chart-${state.usageId}`), today, state.usageTokens, 'the key chart');
       assertChart(await chartDays(page(), 'usage-chart-total'), today, state.usageTokens, 'the total chart');
       assert.equal(await page().getByTestId('usage-chart-total').locator('.legend li').count(), 2, 'a legend of prompt and completion');
       assert.ok((await page().getByTestId('usage-chart-total').locator('svg text.axis').count()) >= 5, 'axis labels');
       assert.equal(await page().locator('#usage-owners').isHidden(), true, 'no owners table for a user');
+      assert.equal(await page().getByTestId('usage-chart-total').locator('svg').getAttribute('data-measure'), 'tokens', 'tokens first');
 
       await page().getByTestId('usage').scrollIntoViewIfNeeded();
       await screenshot('usage-view-desktop');
@@ -121,6 +144,46 @@ export function usageSteps(ctx) {
       await noHorizontalScroll(390);
       await screenshot('usage-view-phone-390');
       await page().setViewportSize({ width: 1280, height: 800 });
+    });
+
+    step('usage: the 30-day charts switched to cost show it in the currency, and requests without a price as unknown, not 0', async () => {
+      await page().getByTestId('usage-measure-cost').check();
+      const total = page().getByTestId('usage-chart-total');
+      await total.locator('svg[data-measure="cost"]').waitFor();
+      const today = new Date().toISOString().slice(0, 10);
+      const unpriced = state.inferRequests;
+
+      // The priced key: its cost on today's bar, every other day a zero tick.
+      for (const d of await chartDays(page(), `usage-chart-${state.usageId}`)) {
+        if (d.day !== today) {
+          assert.deepEqual([d.cost, d.bars], [null, ['bar-zero']], `a quiet day, ${d.day}`);
+        } else {
+          assert.deepEqual([d.cost, d.unpriced, d.bars], [state.usageCost / 1e6, 0, ['bar-cost']], 'the priced key\'s day');
+        }
+      }
+      // The key whose requests had no price: drawn as unknown (dashed), never as a zero tick.
+      const inferDay = (await chartDays(page(), `usage-chart-${state.id}`)).find((d) => d.day === today);
+      assert.deepEqual([inferDay.cost, inferDay.unpriced, inferDay.bars], [null, unpriced, ['bar-unpriced']], 'the unpriced key\'s day');
+      const totalDay = (await chartDays(page(), 'usage-chart-total')).find((d) => d.day === today);
+      assert.equal(totalDay.cost, state.usageCost / 1e6, 'the total chart\'s cost');
+      assert.equal(totalDay.unpriced, unpriced);
+
+      const axis = await total.locator('svg text.axis').allTextContents();
+      assert.ok(axis.includes(costText(env.currency, 0)), `the cost axis is in the currency: ${axis}`);
+      assert.deepEqual(await total.locator('.legend li').allTextContents(),
+        [`Cost (${env.currency})`, 'Requests with no price: cost unknown']);
+      assert.match(await total.locator('svg desc').textContent(), /most on .* 1 day\(s\) with requests of unknown cost/);
+      await page().getByTestId('usage').scrollIntoViewIfNeeded();
+      await screenshot('usage-view-cost');
+      await noHorizontalScroll(390);
+      await page().waitForTimeout(300); // redrawn at the new width, still in cost
+      assert.equal(await total.locator('svg').getAttribute('data-measure'), 'cost');
+      await screenshot('usage-view-cost-phone-390');
+      await page().setViewportSize({ width: 1280, height: 800 });
+
+      await page().getByTestId('usage-measure-tokens').check();
+      await total.locator('svg[data-measure="tokens"]').waitFor();
+      assertChart(await chartDays(page(), 'usage-chart-total'), today, state.usageTokens, 'back to tokens');
     });
 
     step("a failed usage fetch shows the API's error message in the usage view", async () => {
@@ -154,9 +217,10 @@ export function usageSteps(ctx) {
       // The first gateway answered the revoke step's polling: what reached the upstream was charged.
       const requests = String(state.usageRequests + upstream().requests.length);
       const tokens = String(state.usageTokens);
+      const cost = costText(env.currency, state.usageCost, upstream().requests.length);
       await page().getByTestId('usage-owners').waitFor();
       assert.deepEqual(await usageRow(page(), 'usage-owner-alice'),
-        { tokensToday: tokens, requestsToday: requests, tokensMonth: tokens, requestsMonth: requests });
+        { tokensToday: tokens, requestsToday: requests, costToday: cost, tokensMonth: tokens, requestsMonth: requests, costMonth: cost });
       assertChart(await chartDays(page(), 'usage-chart-everyone'), new Date().toISOString().slice(0, 10), state.usageTokens, 'the everyone chart');
       // The administrator itself owns no key and made no call: its own part says so.
       assert.equal(await page().getByTestId('usage-empty').isVisible(), true, 'the empty state for the administrator\'s own keys');
