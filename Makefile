@@ -47,7 +47,7 @@ test: test-deps
 	scripts/vendor.sh --test
 	$(CARGO) test --features fuzzing --lib --bins --tests -- --test-threads=4
 	SOAK_MINUTES=3 $(CARGO) test --features fuzzing --test it soak -- --ignored --nocapture
-	$(CARGO) test --bench auth --bench replicas --bench bodies --bench translate
+	$(CARGO) test --bench auth --bench replicas --bench bodies --bench translate --bench pricing
 	scripts/fuzz.sh smoke
 	scripts/sdk-tests.sh
 	scripts/admin-api-tests.sh
@@ -75,7 +75,8 @@ fuzz: deps
 # PostgreSQL server, hence test-deps) and of the usage ledger's report query (100 keys × 90
 # days of hourly rows, on both stores) and of reading 200 KB agent bodies and streams (model
 # policy validation, usage scanner) and of the dialect bridge (the captured Claude Code and Codex
-# requests translated, a stream per direction converted), then the load benchmark on loopback against the upstream
+# requests translated, a stream per direction converted) and of costing a request against a
+# LiteLLM-sized price table, then the load benchmark on loopback against the upstream
 # direct, nginx and the bare-Pingora floor, and instructions per request under callgrind
 # (benches/load/run.py installs wrk, nginx, redis-server and valgrind when missing).
 bench: test-deps
@@ -84,6 +85,7 @@ bench: test-deps
 	$(CARGO) bench --bench ledger
 	$(CARGO) bench --bench bodies
 	$(CARGO) bench --bench translate
+	$(CARGO) bench --bench pricing
 	python3 benches/load/run.py
 
 fmt:
