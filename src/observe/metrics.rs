@@ -10,7 +10,6 @@ use prometheus::{
 };
 
 use crate::api::Usage;
-use crate::metering::Cost;
 
 use crate::auth::AuthFailure;
 
@@ -381,15 +380,15 @@ impl Metrics {
         }
     }
 
-    /// What a request cost, through a service's handles (each counter looked up once).
-    pub(crate) fn cost(&self, handles: &ServiceMetrics, cost: Cost) {
+    /// What a request cost in micros (`None`: unpriced), through a service's handles (each
+    /// counter looked up once).
+    pub(crate) fn cost(&self, handles: &ServiceMetrics, micros: Option<u64>) {
         let service = [&*handles.service];
-        match cost {
-            Cost::NoTable => {}
-            Cost::Micros(n) => handles.cost[0]
+        match micros {
+            Some(n) => handles.cost[0]
                 .get_or_init(|| self.cost_micros.with_label_values(&service))
                 .inc_by(n),
-            Cost::Unpriced => handles.cost[1]
+            None => handles.cost[1]
                 .get_or_init(|| self.unpriced.with_label_values(&service))
                 .inc(),
         }

@@ -147,7 +147,11 @@ pub(super) fn settle_cost(gw: &Gateway, status: u16, ctx: &mut RequestCtx) {
     let handles = gw.service_metrics(ctx);
     if charge(ctx, handles.service(), status).is_some() {
         let cost = price::cost(gw, ctx);
-        gw.metrics.cost(handles, cost);
+        match cost {
+            Cost::NoTable => {}
+            Cost::Unpriced => gw.metrics.cost(handles, None),
+            Cost::Micros(n) => gw.metrics.cost(handles, Some(n)),
+        }
         ctx.cost = Some(cost);
     }
 }
