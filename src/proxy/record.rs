@@ -144,6 +144,10 @@ pub(super) fn settle_usage(gw: &Gateway, status: u16, e: Option<&Error>, ctx: &m
 
 /// What the request cost, once its usage is settled: only a request the ledger charges.
 pub(super) fn settle_cost(gw: &Gateway, status: u16, ctx: &mut RequestCtx) {
+    // Without a price table nothing is costed: not a step of the request's path at all.
+    if gw.pricing.is_none() {
+        return;
+    }
     let handles = gw.service_metrics(ctx);
     if charge(ctx, handles.service(), status).is_some() {
         let cost = price::cost(gw, ctx);
