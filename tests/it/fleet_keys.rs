@@ -197,10 +197,10 @@ fn gateways_and_clis_starting_at_once_apply_the_schema_once() {
         );
     }
     // One row per schema step (the table, key ownership, the listing indexes, the usage
-    // ledger, budgets), each applied once.
+    // ledger, budgets, ledger batches, teams, the ledger's costs), each applied once.
     assert_eq!(
         pg.sql("SELECT string_agg(version::text, ',' ORDER BY version) FROM portcullis_migrations"),
-        "1,2,3,4,5,6"
+        "1,2,3,4,5,6,7,8"
     );
     let out = cli(&config, &["keys", "list"]);
     let listed = String::from_utf8_lossy(&out.stdout);

@@ -186,11 +186,13 @@ async fn the_usage_api_shows_owners_their_own_and_administrators_everyones() {
         [
             "cached_tokens",
             "completion_tokens",
+            "cost",
             "key",
             "owner",
             "prompt_tokens",
             "reasoning_tokens",
-            "requests"
+            "requests",
+            "unpriced_requests"
         ],
         "parts not grouped by are left out"
     );
@@ -217,7 +219,8 @@ async fn the_usage_api_shows_owners_their_own_and_administrators_everyones() {
     assert_eq!(
         bob["usage"],
         json!([{"owner": "bob", "service": "chat", "requests": 1,
-        "prompt_tokens": 11, "completion_tokens": 5, "reasoning_tokens": 2, "cached_tokens": 3}])
+        "prompt_tokens": 11, "completion_tokens": 5, "reasoning_tokens": 2, "cached_tokens": 3,
+        "cost": null, "unpriced_requests": 0}])
     );
 
     // Days: inclusive; a range that ends before today holds nothing of today.
