@@ -122,6 +122,27 @@ def apt_install(packages, log):
     )
 
 
+def try_apt_install(packages, log, timeout_s=90):
+    """apt_install for tools a stage can do without: gives up, saying so, when apt-get fails or
+    takes over timeout_s in all (a machine offline, no apt, no sudo) → whether it installed."""
+    deadline = time.monotonic() + timeout_s
+    log(f"trying to install {' '.join(packages)} with apt-get (skipped if that fails)")
+    as_root = [] if os.geteuid() == 0 else ["sudo", "-n"]  # -n: never wait for a password
+    steps = [
+        [*as_root, "apt-get", "update", "-qq", "-o", "Acquire::Retries=0"],
+        [*as_root, "env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-qq",
+         "-o", "Acquire::Retries=0", *packages],
+    ]
+    for command in steps:
+        try:
+            subprocess.run(command, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=max(1.0, deadline - time.monotonic()))
+        except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+            log(f"apt-get did not install {' '.join(packages)} ({type(e).__name__}): going on without")
+            return False
+    return True
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
