@@ -41,6 +41,16 @@ def exit_on_signals():
     signal.signal(signal.SIGTERM, handler)
 
 
+def pinned(cpu, argv):
+    """argv run on the cores `cpu` names ("0", "0,1,2" or an int): through taskset, or where
+    util-linux is missing, through Python setting the affinity and exec'ing argv."""
+    if shutil.which("taskset"):
+        return ["taskset", "-c", str(cpu), *argv]
+    cores = ", ".join(str(c) for c in str(cpu).split(","))
+    return [sys.executable, "-c", f"import os, sys; os.sched_setaffinity(0, {{{cores}}}); "
+            "os.execvp(sys.argv[1], sys.argv[1:])", *argv]
+
+
 class Processes:
     """Every child started here, stopped on close (INT, then KILL after a moment)."""
 
@@ -48,10 +58,10 @@ class Processes:
         self.running = []
 
     def start(self, argv, *, cpu=None, stdout=None, stderr=None, env=None):
-        """Starts argv (pinned to `cpu` with taskset); stdout/stderr are paths (appended to),
+        """Starts argv (pinned to `cpu`, see pinned); stdout/stderr are paths (appended to),
         None for /dev/null, or subprocess.STDOUT for stderr."""
         if cpu is not None:
-            argv = ["taskset", "-c", str(cpu), *argv]
+            argv = pinned(cpu, argv)
         files = []
 
         def open_out(where):

@@ -15,13 +15,14 @@ none of them ever fails the stage:
   that grew the most first. A contended atomic or lock costs more per request on more threads,
   so the code that touches shared state rises in this list.
 
-perf runs on the load's cores (taskset), attached to the proxy's pid for PERF_SECONDS while the
+perf runs on the load's cores, attached to the proxy's pid for PERF_SECONDS while the
 stage keeps the load on."""
 
 import re
 import shutil
 import subprocess
 
+from common import pinned
 from scaling_load import cpu_list
 
 PERF_SECONDS = 3
@@ -54,13 +55,14 @@ class Profile:
 
     def start(self, pid):
         """perf stat and perf record attached to pid for PERF_SECONDS, on the load's cores."""
-        pin = ["taskset", "-c", cpu_list(self.cores)]
+        cores = cpu_list(self.cores)
         window = ["--", "sleep", str(PERF_SECONDS)]
         self.stat = subprocess.Popen(
-            [*pin, "perf", "stat", "-x", ",", "-e", ",".join(STAT_EVENTS), "-p", str(pid), *window],
+            pinned(cores, ["perf", "stat", "-x", ",", "-e", ",".join(STAT_EVENTS), "-p", str(pid), *window]),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.record = subprocess.Popen(
-            [*pin, "perf", "record", "-q", "-e", "cpu-clock", "-F", "997", "-p", str(pid), "-o", self.samples, *window],
+            pinned(cores, ["perf", "record", "-q", "-e", "cpu-clock", "-F", "997", "-p", str(pid),
+                           "-o", str(self.samples), *window]),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def finish(self):
@@ -92,8 +94,8 @@ def c2c(work, pid, cores):
     """perf c2c record on pid for PERF_SECONDS, then its report's shared cache lines → lines of
     text for the report (or one saying why there are none)."""
     data = work / "perf-c2c.data"
-    done = subprocess.run(["taskset", "-c", cpu_list(cores), "perf", "c2c", "record", "-o", data, "-p", str(pid),
-                           "--", "sleep", str(PERF_SECONDS)], capture_output=True, text=True)
+    done = subprocess.run(pinned(cpu_list(cores), ["perf", "c2c", "record", "-o", str(data), "-p", str(pid),
+                                                   "--", "sleep", str(PERF_SECONDS)]), capture_output=True, text=True)
     said = (done.stdout + done.stderr).strip()
     if done.returncode != 0 or "failed" in said.lower() or not data.exists():
         return [f"perf c2c: unavailable here ({last_line(said)})."]

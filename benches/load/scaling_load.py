@@ -21,7 +21,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from common import BenchError, child_pids, free_port, pairs, wait_http, wait_line
+from common import BenchError, child_pids, free_port, pairs, pinned, wait_http, wait_line
 import configs
 
 # fast_upstream's answer to a chat POST (benches/load/fast_upstream.rs, CHAT), served by nginx too.
@@ -31,7 +31,7 @@ CHAT_ANSWER = ('{"id":"chatcmpl-bench","object":"chat.completion","created":1700
 
 
 def cpu_list(cores):
-    """taskset's form of a list of cores: "0,1,2"."""
+    """A list of cores as taskset writes it: "0,1,2"."""
     return ",".join(str(c) for c in sorted(set(cores)))
 
 
@@ -89,9 +89,9 @@ class WrkLoad:
     def run(self, request, seconds):
         self.script.write_text(f'wrk.method = "POST"\nwrk.body = \'{request.body}\'\n'
                                'wrk.headers["Content-Type"] = "application/json"\n')
-        argv = ["taskset", "-c", cpu_list(self.cores), "wrk", f"-t{len(self.cores)}", f"-c{self.conns}",
-                f"-d{max(1, round(seconds))}s", "-s", self.script,
-                "-H", f"Authorization: Bearer {request.token}", request.url()]
+        argv = pinned(cpu_list(self.cores), [
+            "wrk", f"-t{len(self.cores)}", f"-c{self.conns}", f"-d{max(1, round(seconds))}s", "-s", self.script,
+            "-H", f"Authorization: Bearer {request.token}", request.url()])
         begin = time.monotonic()
         out, status, cpu = run_accounted(argv)
         wall = time.monotonic() - begin
@@ -147,11 +147,11 @@ class LoadgenLoad:
         return result
 
     def once(self, request, rate, scheduled_s):
-        argv = ["taskset", "-c", cpu_list(self.cores), self.tool, "rate",
-                "--addr", f"127.0.0.1:{request.port}", "--path", request.path, "--method", "POST",
-                "--header", f"authorization: Bearer {request.token}", "--header", "content-type: application/json",
-                "--body", request.body, "--rate", "%.0f" % max(rate, 1), "--conns", self.conns,
-                "--seconds", "%.3f" % scheduled_s, "--warmup-s", "0"]
+        argv = pinned(cpu_list(self.cores), [
+            self.tool, "rate", "--addr", f"127.0.0.1:{request.port}", "--path", request.path, "--method", "POST",
+            "--header", f"authorization: Bearer {request.token}", "--header", "content-type: application/json",
+            "--body", request.body, "--rate", "%.0f" % max(rate, 1), "--conns", self.conns,
+            "--seconds", "%.3f" % scheduled_s, "--warmup-s", "0"])
         begin = time.monotonic()
         out, status, cpu = run_accounted(argv)
         wall = time.monotonic() - begin - self.START_DELAY_S

@@ -8,7 +8,7 @@ CPU seconds (utime + stime from /proc/PID/stat over the measured window), which 
 cores the proxy kept busy; a per-core rate that falls from 1 to T threads is sharing, and the
 bare engine beside it says how much of that is Pingora's own.
 
-Placement: with T threads the proxy runs on cores 0..T−1 (taskset; `[server] threads = T`, the
+Placement: with T threads the proxy runs on cores 0..T−1 (common.pinned; `[server] threads = T`, the
 floor `--threads T`); the load generator and the upstream get cores of their own at the top of
 the machine (SCALING_LOAD_CORES and SCALING_UPSTREAM_CORES: 4 and 4 from 12 cores up, else a
 quarter of the cores each, at least one), so T goes up to the cores left (1, 2, 4, 8 on 16
@@ -41,8 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import (CLK_TCK, BenchError, cpu_ticks, free_port, http_get_text, require, try_apt_install, wait_http,
-                    wait_line)
+from common import CLK_TCK, BenchError, cpu_ticks, free_port, http_get_text, try_apt_install, wait_http, wait_line
 from scaling_load import Request, choose_load, choose_upstream, cpu_list
 from servers import CHAT_BODY
 import callgrind
@@ -187,7 +186,6 @@ class Scaling:
     def scaling_tools(self):
         """wrk (the load) and perf (the evidence) when missing, if apt-get can: the stage runs
         without either (loadgen; no perf figures)."""
-        require("taskset", "util-linux")
         wanted = [("linux-perf", "perf")] + ([("wrk", "wrk")] if self.s.scaling_load != "loadgen" else [])
         missing = [pkg for pkg, tool in wanted if not shutil.which(tool)]
         if missing:
