@@ -127,7 +127,8 @@ def stat_lines(first, last, low, high):
     lines = [f"| perf stat, per request | {low} thread(s) | {high} threads | ratio |", "|---|---:|---:|---:|"]
     for event in supported:
         a, b = first[event], last[event]
-        lines.append(f"| {event} | {a:.1f} | {b:.1f} | {b / a:.2f}× |" if a else f"| {event} | {a:.1f} | {b:.1f} | |")
+        grew = f"{b / a:.2f}×" if a else ""
+        lines.append(f"| {event} | {a:.1f} | {b:.1f} | {grew} |")
     return lines
 
 

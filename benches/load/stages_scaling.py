@@ -8,13 +8,14 @@ CPU seconds (utime + stime from /proc/PID/stat over the measured window), which 
 cores the proxy kept busy; a per-core rate that falls from 1 to T threads is sharing, and the
 bare engine beside it says how much of that is Pingora's own.
 
-Placement: with T threads the proxy runs on cores 0..T−1 (common.pinned; `[server] threads = T`, the
-floor `--threads T`); the load generator and the upstream get cores of their own at the top of
-the machine (SCALING_LOAD_CORES and SCALING_UPSTREAM_CORES: 4 and 4 from 12 cores up, else a
-quarter of the cores each, at least one), so T goes up to the cores left (1, 2, 4, 8 on 16
-cores). Where fewer than three cores exist (the 2-core development machine), the load and the
-upstream share the last core and the largest T overlaps it: the report says so, and the figure
-at that T is CPU per request under sharing, not a clean scaling figure.
+Placement: with T threads the proxy runs on the first T cores this process may use (0..T−1 on
+a whole machine; common.pinned; `[server] threads = T`, the floor `--threads T`); the load
+generator and the upstream get cores of their own at the top (SCALING_LOAD_CORES and
+SCALING_UPSTREAM_CORES: 4 and 4 from 12 cores up, else a quarter of the cores each, at least
+one), so T goes up to the cores left (1, 2, 4, 8 on 16 cores). Where fewer than three cores
+exist (the 2-core development machine), the load and the upstream share the last core and the
+largest T overlaps it: the report says so, and the figure at that T is CPU per request under
+sharing, not a clean scaling figure.
 
 Targets, one process at a time on the same upstream, each answered 200 before its load:
 - floor: benches/floor, the bare Pingora ProxyHttp on the patched engine Portcullis runs on;
@@ -66,18 +67,26 @@ class Skipped(Exception):
 # ---- where everything runs ------------------------------------------------------------------
 @dataclass
 class Placement:
-    cores: int
+    """Which cores each side gets, as ids from the cores this process may run on (a container's
+    cpuset need not start at 0): the proxy the first T, the load the last, the upstream below."""
+    usable: list
     load: list
     upstream: list
 
     @classmethod
-    def for_machine(cls, cores, load_cores=0, upstream_cores=0):
-        """The load on the top cores, the upstream below them; 0: the default count."""
-        default = 4 if cores >= 12 else max(1, cores // 4)
+    def for_machine(cls, usable, load_cores=0, upstream_cores=0):
+        """0 load or upstream cores: the default count."""
+        usable = sorted(usable)
+        n = len(usable)
+        default = 4 if n >= 12 else max(1, n // 4)
         n_load, n_up = load_cores or default, upstream_cores or default
-        if n_load + n_up > cores - 1:  # not enough cores: both on the last one
-            return cls(cores, [cores - 1], [cores - 1])
-        return cls(cores, list(range(cores - n_load, cores)), list(range(cores - n_load - n_up, cores - n_load)))
+        if n_load + n_up > n - 1:  # not enough cores: both on the last one
+            return cls(usable, usable[-1:], usable[-1:])
+        return cls(usable, usable[n - n_load:], usable[n - n_load - n_up:n - n_load])
+
+    @property
+    def cores(self):
+        return len(self.usable)
 
     def helpers(self):
         return set(self.load) | set(self.upstream)
@@ -87,7 +96,7 @@ class Placement:
         return self.cores - len(self.helpers())
 
     def proxy(self, threads):
-        return list(range(threads))
+        return self.usable[:threads]
 
     def overlap(self, threads):
         """The proxy's cores at `threads` that the load or the upstream also run on."""
@@ -106,7 +115,8 @@ class Placement:
         return [t for t in counts if 1 <= t <= self.cores]
 
     def describe(self, largest):
-        lines = [f"proxy on cores 0..T−1; load on cores {cpu_list(self.load)}, upstream on cores {cpu_list(self.upstream)}"
+        lines = [f"Proxy on the first T of cores {cpu_list(self.usable)}; load on cores {cpu_list(self.load)}, "
+                 f"upstream on cores {cpu_list(self.upstream)}"
                  + (" (the same core: too few cores for each its own)" if self.load == self.upstream else "") + "."]
         shared = self.overlap(largest)
         if shared:
@@ -115,8 +125,9 @@ class Placement:
                          "CPU per request under sharing, not a clean scaling figure.")
         siblings = smt_siblings(self.proxy(largest)) - set(self.proxy(largest))
         if siblings:
-            lines.append(f"SMT: the proxy's cores at {largest} threads have hyperthread siblings {cpu_list(siblings)} "
-                         "outside them" + (" (running the load or the upstream)." if siblings & self.helpers() else "."))
+            running = " (running the load or the upstream)" if siblings & self.helpers() else ""
+            lines.append(f"SMT: the proxy's cores at {largest} threads have hyperthread siblings "
+                         f"{cpu_list(siblings)} outside them{running}.")
         return lines
 
 
@@ -157,7 +168,7 @@ class Scaling:
 
     def scaling(self):
         s = self.s
-        placement = Placement.for_machine(os.cpu_count() or 1, s.scaling_load_cores, s.scaling_upstream_cores)
+        placement = Placement.for_machine(os.sched_getaffinity(0), s.scaling_load_cores, s.scaling_upstream_cores)
         counts = placement.thread_counts(s.scaling_threads)
         if placement.cores < 2:
             raise BenchError("the scaling stage needs two cores: the proxy on one, the load on the other")
@@ -241,8 +252,9 @@ class Scaling:
         if target == "floor":
             log = self.sc_work / f"floor-t{threads}.log"
             proc = self.procs.start(
-                [self.tools.floor, "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{self.sc_upstream.port}",
-                 "--key", self.sc_keys["plain"], "--threads", threads],
+                [self.tools.floor, "--listen", f"127.0.0.1:{port}",
+                 "--upstream", f"127.0.0.1:{self.sc_upstream.port}", "--key", self.sc_keys["plain"],
+                 "--threads", threads],
                 cpu=cores, stdout=log, stderr=subprocess.STDOUT)
             line = wait_line(log, "listening")
             if threads > 1 and not line.endswith(f"threads {threads}"):
@@ -295,7 +307,8 @@ class Scaling:
         if self.sc_upstream.name == "fast_upstream" and point.upstream_busy > 0.9:  # one thread
             point.notes.append(f"upstream-bound: fast_upstream {point.upstream_busy:.2f} cores busy")
         if point.busy < 0.8 * point.threads and not self.sc_placement.overlap(point.threads):
-            point.notes.append(f"proxy {point.busy / point.threads:.0%} busy: held back by the load, the upstream or the machine")
+            point.notes.append(f"proxy {point.busy / point.threads:.0%} busy: held back by the load, the upstream "
+                               "or the machine")
 
     def upstream_ticks(self):
         total = 0
@@ -406,14 +419,15 @@ class Scaling:
             lines += [f"{name} {value}" for name, value in point_figures(p).items()]
         if largest != first:
             for target in TARGETS:
-                lines.append(f"scaling_ratio_{target} {scaling_ratio(by[(target, first)], by[(target, largest)], '')}")
+                ratio = scaling_ratio(by[(target, first)], by[(target, largest)], suffix="")
+                lines.append(f"scaling_ratio_{target} {ratio}")
         lines.append("```")
         return "\n".join(lines) + "\n"
 
     def contention_lines(self, counts):
         largest, first = counts[-1], counts[0]
-        head = f"Contention, {PROFILED} at {first} and {largest} threads (perf attached for {contention.PERF_SECONDS} s, " \
-               "the same load on):"
+        head = (f"Contention, {PROFILED} at {first} and {largest} threads (perf attached for "
+                f"{contention.PERF_SECONDS} s, the same load on):")
         if self.perf_unusable:
             return [f"Contention: perf unavailable: {self.perf_unusable}."]
         if largest == first or first not in self.profiles or largest not in self.profiles:
