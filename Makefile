@@ -79,13 +79,17 @@ fuzz: deps
 # LiteLLM-sized price table, then the load benchmark on loopback against the upstream
 # direct, nginx and the bare-Pingora floor, and instructions per request under callgrind
 # (benches/load/run.py installs wrk, nginx, redis-server and valgrind when missing).
+# `make bench ONLY=scaling` (or metering, budgets, routing): that stage of the load benchmark
+# alone, without the micro-benchmarks; its knobs are environment variables (benches/load/run.py).
 bench: test-deps
+ifeq ($(ONLY),)
 	$(CARGO) bench --bench auth
 	$(CARGO) bench --bench replicas
 	$(CARGO) bench --bench ledger
 	$(CARGO) bench --bench bodies
 	$(CARGO) bench --bench translate
 	$(CARGO) bench --bench pricing
+endif
 	python3 benches/load/run.py
 
 fmt:

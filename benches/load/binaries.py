@@ -58,6 +58,24 @@ class Tools:
             config_writer=Path(config_writer or CONFIG_WRITER),
         )
 
+    @classmethod
+    def from_env(cls):
+        """The binaries where BIN (the gateway), EX (the examples' folder), FLOOR and CONFIG_BIN
+        (gateway-config) say, relative to the repository's root or absolute; each left out is
+        where the builds above leave it. How a run uses binaries built elsewhere (another work
+        tree, a machine with no toolchain)."""
+
+        def env_path(name):
+            value = os.environ.get(name)
+            return ROOT / value if value else None
+
+        return cls.built(env_path("BIN"), env_path("EX"), env_path("FLOOR"), env_path("CONFIG_BIN"))
+
+
+def prebuilt():
+    """Whether BIN names a gateway built elsewhere: then nothing is built."""
+    return bool(os.environ.get("BIN"))
+
 
 def build(log, unpatched_floor=True, floor=True, examples=True):
     """examples=False (ONLY=routing): the gateway alone, and no floor."""

@@ -329,10 +329,9 @@ def main():
     translate = sys.argv[1:] == ["translate"]
     try:
         ensure_valgrind(log)
-        if not os.environ.get("BIN"):
+        if not binaries.prebuilt():
             binaries.build(log, unpatched_floor=False, floor=not (streams or budgets or translate))
-        tools = binaries.Tools.built(os.environ.get("BIN"), os.environ.get("EX"), os.environ.get("FLOOR"),
-                                     os.environ.get("CONFIG_BIN"))
+        tools = binaries.Tools.from_env()
         figures = measure(
             tools,
             os.environ.get("OUT") or binaries.ROOT / "bench-results" / "callgrind",

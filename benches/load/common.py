@@ -41,6 +41,16 @@ def exit_on_signals():
     signal.signal(signal.SIGTERM, handler)
 
 
+def pinned(cpu, argv):
+    """argv run on the cores `cpu` names ("0", "0,1,2" or an int): through taskset, or where
+    util-linux is missing, through Python setting the affinity and exec'ing argv."""
+    if shutil.which("taskset"):
+        return ["taskset", "-c", str(cpu), *argv]
+    cores = ", ".join(str(c) for c in str(cpu).split(","))
+    return [sys.executable, "-c", f"import os, sys; os.sched_setaffinity(0, {{{cores}}}); "
+            "os.execvp(sys.argv[1], sys.argv[1:])", *argv]
+
+
 class Processes:
     """Every child started here, stopped on close (INT, then KILL after a moment)."""
 
@@ -48,10 +58,10 @@ class Processes:
         self.running = []
 
     def start(self, argv, *, cpu=None, stdout=None, stderr=None, env=None):
-        """Starts argv (pinned to `cpu` with taskset); stdout/stderr are paths (appended to),
+        """Starts argv (pinned to `cpu`, see pinned); stdout/stderr are paths (appended to),
         None for /dev/null, or subprocess.STDOUT for stderr."""
         if cpu is not None:
-            argv = ["taskset", "-c", str(cpu), *argv]
+            argv = pinned(cpu, argv)
         files = []
 
         def open_out(where):
@@ -120,6 +130,27 @@ def apt_install(packages, log):
         check=True,
         stdout=subprocess.DEVNULL,
     )
+
+
+def try_apt_install(packages, log, timeout_s=90):
+    """apt_install for tools a stage can do without: gives up, saying so, when apt-get fails or
+    takes over timeout_s in all (a machine offline, no apt, no sudo) → whether it installed."""
+    deadline = time.monotonic() + timeout_s
+    log(f"trying to install {' '.join(packages)} with apt-get (skipped if that fails)")
+    as_root = [] if os.geteuid() == 0 else ["sudo", "-n"]  # -n: never wait for a password
+    steps = [
+        [*as_root, "apt-get", "update", "-qq", "-o", "Acquire::Retries=0"],
+        [*as_root, "env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-qq",
+         "-o", "Acquire::Retries=0", *packages],
+    ]
+    for command in steps:
+        try:
+            subprocess.run(command, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=max(1.0, deadline - time.monotonic()))
+        except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+            log(f"apt-get did not install {' '.join(packages)} ({type(e).__name__}): going on without")
+            return False
+    return True
 
 
 def free_port():

@@ -83,6 +83,57 @@ def routing(writer, w, gw_port, metrics_port, replica_ports, policy):
     }, writer)
 
 
+def scaling(writer, w, gw_port, metrics_port, up_port, threads, access_log, governed=False):
+    """The scaling stage's gateway (stages_scaling.py): `threads` worker threads, `infer` on the
+    upstream, access log `access_log` ("off" or a file's path); `governed`: and the service
+    `governed` (api = "openai" with a model policy, as the run's `policy`) with [budgets]
+    counted per process (no [rate_limits] redis). w holds the key store every variant shares."""
+    up = f"http://127.0.0.1:{up_port}"
+    services = [{"name": "infer", "upstream": up}]
+    description = {
+        "dir": str(w), "port": gw_port, "metrics_port": metrics_port,
+        "server": {"threads": threads, "grace_period_seconds": 1, "graceful_shutdown_timeout_seconds": 1,
+                   # SCALING_CONNECTIONS connections, all from 127.0.0.1.
+                   "max_connections": 1_000_000, "max_connections_per_client": 1_000_000},
+        "access_log": {"destination": access_log},
+        "services": services,
+    }
+    if governed:
+        services.append({"name": "governed", "upstream": up, "scope": "infer", "api": "openai",
+                         "models": {"default": "bench-default", "aliases": {"bench": "bench-1"}}})
+        description["budgets"] = {}
+    return gateway_config.render(description, writer)
+
+
+def nginx_upstream(d, fd_limit, port, workers, body):
+    """nginx as the scaling stage's upstream: `workers` processes answering every request with
+    `body` as JSON (the fast upstream's chat completion), so the upstream keeps up with proxies
+    of several threads."""
+    return f"""worker_processes {workers};
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+worker_rlimit_nofile {fd_limit};
+events {{ worker_connections 16384; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port} reuseport;
+        location / {{
+            default_type application/json;
+            return 200 '{body}';
+        }}
+    }}
+}}
+"""
+
+
 def nginx(d, fd_limit, up_port, port, key):
     return f"""worker_processes 1;
 daemon off;

@@ -33,13 +33,25 @@ Targets besides "direct", "nginx", "key" (API key) and "jwt" (RS256):
   simulated model servers with prefix caches, 200 conversations x 8 turns with shared system
   prompts and a few hot ones: cache hit rate (against one unbounded replica), TTFT, load spread.
   ONLY=routing runs just that; knob ROUTING_CLIENTS (conversations at a time, 24).
+- scaling with the cores (stages_scaling.py): requests per second per busy proxy core at 1, 2,
+  4, … worker threads, for the bare engine and Portcullis (access log off, to a file, and
+  api = "openai" with a budgeted key), the proxy on cores 0..T−1 and the load and upstream on
+  cores of their own, with perf's evidence of what the threads share. ONLY=scaling runs just
+  that (no apt-get it cannot do without, no build when BIN is set); knobs SCALING_THREADS,
+  SCALING_SECONDS, SCALING_WARMUP, SCALING_CONNECTIONS, SCALING_LOAD_CORES,
+  SCALING_UPSTREAM_CORES, SCALING_LOAD, SCALING_UPSTREAM.
+
+Binaries built elsewhere: BIN (the gateway), EX (the examples' folder: fast_upstream, loadgen,
+bench_idp), FLOOR and CONFIG_BIN (gateway-config), relative to the repository's root; with BIN
+set nothing is built. OUT=dir writes the report there instead of bench-results/.
 
 This file is the run's flow: the knobs, the order of the stages, the report's facts. Beside it:
 binaries.py (the binaries, their builds, the Debian tools), servers.py (the servers and targets),
 stages_throughput.py (wrk: max req/s, paired rounds), stages_latency.py (loadgen: fixed-rate
 latency, failover, SSE head, vision), stages_footprint.py (held streams' memory, instructions),
 stages_metering.py (metering on vs off on a streamed chat), stages_budgets.py (budgets with Redis),
-configs.py, report.py, callgrind.py and common.py.
+stages_scaling.py (per-core rate by worker threads; scaling_load.py, contention.py), configs.py,
+report.py, callgrind.py and common.py.
 """
 
 import datetime
@@ -54,13 +66,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import BenchError, Log, Processes, exit_on_signals, status_kb
-from binaries import ROOT, Tools, build, install_tools
+from binaries import ROOT, Tools, build, install_tools, prebuilt
 from servers import CHAT_BODY, CLIENT_CPU, PROXY_CPU
 from stages_footprint import Footprint
 from stages_latency import Latency
 from stages_budgets import Budgeting
 from stages_metering import Metering
 from stages_routing import Routing
+from stages_scaling import Scaling
 import report
 
 
@@ -95,7 +108,15 @@ class Settings:
     budget_seconds: int  # each way of a pair, and each fixed-rate run
     budget_rate: int  # req/s of the budgets' fixed-rate runs
     routing_clients: int  # routing: conversations at a time
-    only: str  # "metering", "budgets" or "routing": only that stage
+    scaling_threads: str  # scaling: worker-thread counts, "1,2,4,8" ("": 1, 2, 4, … as cores allow)
+    scaling_seconds: int  # each measured point, after scaling_warmup seconds of the same load
+    scaling_warmup: int
+    scaling_conns: int
+    scaling_load_cores: int  # 0: 4 from 12 cores up, else a quarter of them
+    scaling_upstream_cores: int
+    scaling_load: str  # "wrk", "loadgen" ("": wrk where installed)
+    scaling_upstream: str  # "nginx", "fast" ("": nginx where installed)
+    only: str  # "metering", "budgets", "routing" or "scaling": only that stage
     keep_work: bool
 
     @classmethod
@@ -125,12 +146,20 @@ class Settings:
             budget_seconds=knob("BUDGET_SECONDS", 5),
             budget_rate=knob("BUDGET_RATE", 5000),
             routing_clients=knob("ROUTING_CLIENTS", 24),
+            scaling_threads=os.environ.get("SCALING_THREADS", ""),
+            scaling_seconds=knob("SCALING_SECONDS", 8),
+            scaling_warmup=knob("SCALING_WARMUP", 2),
+            scaling_conns=knob("SCALING_CONNECTIONS", 256),
+            scaling_load_cores=knob("SCALING_LOAD_CORES", 0),
+            scaling_upstream_cores=knob("SCALING_UPSTREAM_CORES", 0),
+            scaling_load=os.environ.get("SCALING_LOAD", ""),
+            scaling_upstream=os.environ.get("SCALING_UPSTREAM", ""),
             only=os.environ.get("ONLY", ""),
             keep_work=bool(os.environ.get("KEEP_WORK")),
         )
 
 
-class Bench(Metering, Budgeting, Latency, Footprint, Routing):
+class Bench(Metering, Budgeting, Latency, Footprint, Routing, Scaling):
     """One run: starts everything, measures each stage into `raw`, writes the report. The servers
     and targets are in servers.py, the stages in stages_throughput.py, stages_latency.py,
     stages_footprint.py, stages_metering.py and stages_budgets.py."""
@@ -145,6 +174,8 @@ class Bench(Metering, Budgeting, Latency, Footprint, Routing):
         if self.s.only == "routing":
             # Servers of its own (stages_routing.py); nothing else is started.
             return self.routing()
+        if self.s.only == "scaling":
+            return self.run_scaling(begin_wall, load_at_start)
         # the servers and the targets through them (servers.py)
         self.raise_fd_limit()
         self.start_upstream_and_idp()
@@ -179,6 +210,7 @@ class Bench(Metering, Budgeting, Latency, Footprint, Routing):
         self.instructions()
         self.metering_instructions()
         self.budget_instructions()
+        self.scaling()  # stages_scaling.py: servers of its own
         self.routing()  # stages_routing.py: servers of its own
         return self.write_report(begin_wall, load_at_start)
 
@@ -198,10 +230,27 @@ class Bench(Metering, Budgeting, Latency, Footprint, Routing):
         self.budget_instructions()
         return self.write_report(begin_wall, load_at_start, report.render_budgets)
 
+    def run_scaling(self, begin_wall, load_at_start):
+        """ONLY=scaling: servers of its own (stages_scaling.py), its report alone."""
+        self.raise_fd_limit()
+        text = self.scaling()
+        header = (f"Portcullis scaling benchmark, {utc_now()}, {git_commit()}, {os.cpu_count()} cores "
+                  f"({cpu_model()}), Linux {platform.release()}, load average at start {load_at_start}; "
+                  f"whole run {int(time.time() - begin_wall)} s.\n\n")
+        return self.keep_report(header + text)
+
+    def keep_report(self, text):
+        """The report and the raw figures into results_dir() (latest.md, latest-raw.txt)."""
+        out = results_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "latest.md").write_text(text)
+        shutil.copyfile(self.raw.path, out / "latest-raw.txt")
+        return text
+
     def write_report(self, begin_wall, load_at_start, render=report.render):
         s = self.s
         self.facts.update(
-            date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            date=utc_now(),
             commit=git_commit(), cores=os.cpu_count(), cpu_model=cpu_model(), kernel=platform.release(),
             load_at_start=load_at_start, proxy_cpu=PROXY_CPU, client_cpu=CLIENT_CPU,
             rounds=s.rounds, rate_rounds=s.rate_rounds, sse_rounds=s.sse_rounds, stream_rounds=s.stream_rounds,
@@ -215,12 +264,17 @@ class Bench(Metering, Budgeting, Latency, Footprint, Routing):
             loaded_rss=getattr(self, "loaded_rss", 0), loaded_hwm=getattr(self, "loaded_hwm", 0),
             elapsed=int(time.time() - begin_wall),
         )
-        text = render(self.raw, self.facts) + getattr(self, "routing_text", "")
-        out = ROOT / "bench-results"
-        out.mkdir(exist_ok=True)
-        (out / "latest.md").write_text(text)
-        shutil.copyfile(self.raw.path, out / "latest-raw.txt")
-        return text
+        text = render(self.raw, self.facts) + getattr(self, "scaling_text", "") + getattr(self, "routing_text", "")
+        return self.keep_report(text)
+
+
+def results_dir():
+    """OUT when set (a machine that sends back what is written there), else bench-results/."""
+    return Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "bench-results"
+
+
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def git_commit():
@@ -249,11 +303,14 @@ def main():
     procs = Processes()
     work = Path(tempfile.mkdtemp(prefix="portcullis-bench."))
     try:
-        if settings.only != "routing":  # wrk, nginx, redis: routing needs none of them
+        if settings.only not in ("routing", "scaling"):  # routing needs none; scaling tries its own
             install_tools(log)
-        # ONLY=metering or budgets runs no floor; ONLY=routing no load tools either.
-        build(log, floor=not settings.only, examples=settings.only != "routing")
-        text = Bench(settings, Tools.built(), work, procs, log).run(begin_wall, load_at_start)
+        if not prebuilt():
+            # ONLY=metering or budgets runs no floor; ONLY=scaling the patched one alone;
+            # ONLY=routing no load tools either.
+            build(log, unpatched_floor=not settings.only, floor=settings.only in ("", "scaling"),
+                  examples=settings.only != "routing")
+        text = Bench(settings, Tools.from_env(), work, procs, log).run(begin_wall, load_at_start)
         sys.stdout.write(text)
         return 0
     except BenchError as e:

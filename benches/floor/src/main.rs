@@ -3,8 +3,10 @@
 //! `Set-Cookie`, proxy to one upstream. Portcullis's cost per request is measured against it,
 //! both on the same core at the same time (benches/load/run.py, paired rounds).
 //!
-//! Usage: `floor --listen ADDR --upstream ADDR --key TOKEN` (one worker thread, like the
-//! gateway under test).
+//! Usage: `floor --listen ADDR --upstream ADDR --key TOKEN [--threads N]` (one worker thread
+//! by default, like the gateway under test; the scaling stage gives it N, like the gateway's
+//! `[server] threads`). Prints `listening ADDR threads N` once configured, so a script can tell
+//! a floor that takes `--threads` from an older one that ignores it.
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -82,8 +84,9 @@ fn main() {
             .clone()
     };
     let (listen, upstream, key) = (arg("--listen"), arg("--upstream"), arg("--key"));
+    let threads = worker_threads(&args);
     let conf = ServerConf {
-        threads: 1,
+        threads,
         // As the gateway under test runs: one single-threaded runtime per worker.
         work_stealing: false,
         ..ServerConf::default()
@@ -96,8 +99,19 @@ fn main() {
     };
     let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, floor);
     proxy.add_tcp(&listen);
-    proxy.threads = Some(1);
+    proxy.threads = Some(threads);
     server.add_service(proxy);
-    println!("listening {listen}");
+    println!("listening {listen} threads {threads}");
     server.run_forever();
+}
+
+/// `--threads N` (at least 1), else 1.
+fn worker_threads(args: &[String]) -> usize {
+    let Some(i) = args.iter().position(|a| a == "--threads") else {
+        return 1;
+    };
+    match args.get(i + 1).and_then(|v| v.parse::<usize>().ok()) {
+        Some(n) if n >= 1 => n,
+        _ => panic!("--threads needs a whole number of at least 1"),
+    }
 }
