@@ -6,3 +6,4 @@ pub(crate) mod access_log;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 pub(crate) mod metrics_app;
+mod sharded;
