@@ -7,3 +7,8 @@ pub(crate) mod logging;
 pub(crate) mod metrics;
 pub(crate) mod metrics_app;
 mod sharded;
+
+/// Which worker thread is writing, for state kept per thread (the meter's rows).
+pub(crate) mod thread_shards {
+    pub(crate) use super::sharded::{shard, SHARDS};
+}
