@@ -14,7 +14,18 @@ use std::sync::Mutex;
 
 pub(crate) use flush::{Ledger, LedgerService, FINAL_FLUSH};
 
+use crate::observe::thread_shards;
 use crate::store::{UsageCounts, UsageRow};
+
+/// The most (caller, model) pairs a thread remembers as kept in the current hour.
+const KEPT_PER_THREAD: usize = 256;
+
+thread_local! {
+    /// (the meter and hour they are of, the (caller, model) hashes this thread saw kept): a
+    /// model once kept for a caller stays kept all hour, so the shared list is asked once.
+    static KEPT: std::cell::RefCell<((usize, i64), Vec<(u64, u64)>)> =
+        const { std::cell::RefCell::new(((0, 0), Vec::new())) };
+}
 
 /// What a request cost, as the price table has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +67,9 @@ pub(crate) struct Charge<'a> {
     pub cost: Cost,
 }
 
-/// Locks the record step spreads over: workers charging different rows rarely meet.
-const SHARDS: usize = 16;
+/// Locks the record step spreads over: each worker thread records into its own shard (rows are
+/// merged when taken), so threads charging the same row never share a lock or its cache line.
+const SHARDS: usize = thread_shards::SHARDS;
 
 /// The model recorded for a caller's requests beyond its `max_models_per_key_hour`.
 pub(crate) const OTHER_MODELS: &str = "(other)";
@@ -183,6 +195,13 @@ impl Meter {
             return model;
         }
         let caller = self.hasher.hash_one(c.key_id.or(c.owner).unwrap_or(""));
+        let model_hash = self.hasher.hash_one(model);
+        let this = (self as *const Meter as usize, hour);
+        // Kept by this thread already this hour: kept for good, no shared lock needed.
+        let known = KEPT.with_borrow(|k| k.0 == this && k.1.contains(&(caller, model_hash)));
+        if known {
+            return model;
+        }
         let mut callers = self.models[caller as usize % SHARDS]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -190,14 +209,24 @@ impl Meter {
         if kept.0 != hour {
             *kept = (hour, Vec::new());
         }
-        if kept.1.iter().any(|m| **m == *model) {
-            model
-        } else if kept.1.len() < self.max_models {
-            kept.1.push(model.into());
-            model
-        } else {
-            OTHER_MODELS
+        let is_kept = kept.1.iter().any(|m| **m == *model) || {
+            let room = kept.1.len() < self.max_models;
+            if room {
+                kept.1.push(model.into());
+            }
+            room
+        };
+        drop(callers);
+        if !is_kept {
+            return OTHER_MODELS;
         }
+        KEPT.with_borrow_mut(|k| {
+            if k.0 != this || k.1.len() >= KEPT_PER_THREAD {
+                *k = (this, Vec::new());
+            }
+            k.1.push((caller, model_hash));
+        });
+        model
     }
 
     /// Forgets the models of hours before `hour` (called by the flusher, so callers gone
@@ -211,7 +240,7 @@ impl Meter {
 
     fn add(&self, hour: i64, parts: [&str; 5], counts: UsageCounts) {
         let hash = self.hasher.hash_one((hour, parts));
-        let shard = &self.shards[(hash >> 60) as usize % SHARDS];
+        let shard = &self.shards[thread_shards::shard()];
         let mut rows = shard.lock().unwrap_or_else(|e| e.into_inner());
         let bucket = rows.entry(hash).or_default();
         match bucket.iter_mut().find(|e| e.is(hour, parts)) {
@@ -228,20 +257,28 @@ impl Meter {
         }
     }
 
-    /// Everything recorded since the last take, leaving the meter empty.
+    /// Everything recorded since the last take, leaving the meter empty: one row per (hour,
+    /// key, owner, service, model, team), the shards' rows of it added up.
     pub(crate) fn take(&self) -> Vec<UsageRow> {
-        let mut out = Vec::new();
+        let mut merged: HashMap<(i64, [Box<str>; 5]), UsageCounts> = HashMap::new();
         for shard in &self.shards {
             let rows = std::mem::take(&mut *shard.lock().unwrap_or_else(|e| e.into_inner()));
-            out.extend(rows.into_values().flatten().map(|e| UsageRow {
-                hour: e.hour,
-                key_id: e.key_id.into(),
-                owner: e.owner.into(),
-                service: e.service.into(),
-                model: e.model.into(),
-                team: e.team.into(),
-                counts: e.counts,
-            }));
+            for e in rows.into_values().flatten() {
+                let key = (e.hour, [e.key_id, e.owner, e.service, e.model, e.team]);
+                *merged.entry(key).or_default() += e.counts;
+            }
+        }
+        let mut out = Vec::with_capacity(merged.len());
+        for ((hour, [key_id, owner, service, model, team]), counts) in merged {
+            out.push(UsageRow {
+                hour,
+                key_id: key_id.into(),
+                owner: owner.into(),
+                service: service.into(),
+                model: model.into(),
+                team: team.into(),
+                counts,
+            });
         }
         out
     }

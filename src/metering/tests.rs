@@ -42,6 +42,31 @@ fn requests_before_and_after_joining_a_team_are_rows_of_their_own() {
     assert_eq!(teams, [("", 2), ("red", 1)]);
 }
 
+#[test]
+fn rows_recorded_by_many_threads_are_taken_as_one_and_the_model_limit_holds_across_them() {
+    let meter = Meter::keeping_models(3);
+    std::thread::scope(|scope| {
+        for t in 0..6 {
+            let meter = &meter;
+            scope.spawn(move || {
+                for i in 0..50u64 {
+                    let model = ["m0", "m1", "m2", "m3", "m4", "m5"][((i + t) % 6) as usize];
+                    meter.record_at(&charge(Some("k1"), Some("alice"), Some(model)), 7200);
+                }
+            });
+        }
+    });
+    let rows = meter.take();
+    let total: u64 = rows.iter().map(|r| r.counts.requests).sum();
+    assert_eq!(total, 300);
+    // Three models of their own, the rest as one (other) row: each row once.
+    let mut models: Vec<&str> = rows.iter().map(|r| r.model.as_str()).collect();
+    models.sort();
+    assert_eq!(models.len(), 4, "{models:?}");
+    assert!(models.contains(&super::OTHER_MODELS));
+    assert!(meter.is_empty());
+}
+
 fn text(metrics: &Metrics) -> String {
     String::from_utf8(metrics.render()).unwrap()
 }

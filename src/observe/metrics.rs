@@ -1,5 +1,6 @@
 //! Prometheus metrics (names as docs/reference.md lists them) on a registry of our own, served at
-//! `GET /metrics` on the `[metrics] listen` address. Labels are bounded enumerations only.
+//! `GET /metrics` on the `[metrics] listen` address. Labels are bounded enumerations only. The
+//! ones every request writes are kept per worker thread and summed when scraped (`sharded`).
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use super::sharded::{shard, Sharded, SHARDS};
 use crate::api::Usage;
 
 use crate::auth::AuthFailure;
@@ -21,21 +23,21 @@ const BUCKETS: &[f64] = &[
 
 pub struct Metrics {
     registry: Registry,
-    requests: IntCounterVec,
-    duration: HistogramVec,
-    upstream_ttfb: HistogramVec,
-    auth_failures: IntCounterVec,
+    requests: Sharded<IntCounterVec>,
+    duration: Sharded<HistogramVec>,
+    upstream_ttfb: Sharded<HistogramVec>,
+    auth_failures: Sharded<IntCounterVec>,
     active_streams: IntGaugeVec,
     access_log_dropped: IntCounter,
     rate_limit_backend_errors: IntCounterVec,
     upstream_errors: IntCounterVec,
     key_store_lookups: IntCounterVec,
     jwks_fetches: IntCounterVec,
-    tokens: IntCounterVec,
-    cost_micros: IntCounterVec,
-    unpriced: IntCounterVec,
+    tokens: Sharded<IntCounterVec>,
+    cost_micros: Sharded<IntCounterVec>,
+    unpriced: Sharded<IntCounterVec>,
     usage_unread: IntCounterVec,
-    translations: IntCounterVec,
+    translations: Sharded<IntCounterVec>,
     revocation_push: IntCounterVec,
     key_events: IntCounterVec,
     upstream_healthy: IntGaugeVec,
@@ -48,40 +50,48 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "portcullis_requests_total",
-                "Requests answered, by service, method and status.",
-            ),
-            &["service", "method", "status"],
-        )
-        .expect("valid metric");
-        let duration = HistogramVec::new(
-            HistogramOpts::new(
-                "portcullis_request_duration_seconds",
-                "Whole-request duration.",
+        let requests = Sharded::new(|| {
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_requests_total",
+                    "Requests answered, by service, method and status.",
+                ),
+                &["service", "method", "status"],
             )
-            .buckets(BUCKETS.to_vec()),
-            &["service"],
-        )
-        .expect("valid metric");
-        let upstream_ttfb = HistogramVec::new(
-            HistogramOpts::new(
-                "portcullis_upstream_ttfb_seconds",
-                "Time from sending the request upstream to its first response byte.",
+            .expect("valid metric")
+        });
+        let duration = Sharded::new(|| {
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "portcullis_request_duration_seconds",
+                    "Whole-request duration.",
+                )
+                .buckets(BUCKETS.to_vec()),
+                &["service"],
             )
-            .buckets(BUCKETS.to_vec()),
-            &["service"],
-        )
-        .expect("valid metric");
-        let auth_failures = IntCounterVec::new(
-            Opts::new(
-                "portcullis_auth_failures_total",
-                "Authentication failures by internal reason.",
-            ),
-            &["kind"],
-        )
-        .expect("valid metric");
+            .expect("valid metric")
+        });
+        let upstream_ttfb = Sharded::new(|| {
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "portcullis_upstream_ttfb_seconds",
+                    "Time from sending the request upstream to its first response byte.",
+                )
+                .buckets(BUCKETS.to_vec()),
+                &["service"],
+            )
+            .expect("valid metric")
+        });
+        let auth_failures = Sharded::new(|| {
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_auth_failures_total",
+                    "Authentication failures by internal reason.",
+                ),
+                &["kind"],
+            )
+            .expect("valid metric")
+        });
         let active_streams = IntGaugeVec::new(
             Opts::new("portcullis_active_streams", "SSE responses in flight."),
             &["service"],
@@ -124,30 +134,36 @@ impl Metrics {
             &["result"],
         )
         .expect("valid metric");
-        let tokens = IntCounterVec::new(
-            Opts::new(
-                "portcullis_tokens_total",
-                "Tokens reported by the upstream's `usage` on api = \"openai\" services (or estimated for a cut stream), by service and kind (prompt, completion, reasoning, cached).",
-            ),
-            &["service", "kind"],
-        )
-        .expect("valid metric");
-        let cost_micros = IntCounterVec::new(
-            Opts::new(
-                "portcullis_cost_micros_total",
-                "What priced requests cost, in millionths of the price table's currency, by service.",
-            ),
-            &["service"],
-        )
-        .expect("valid metric");
-        let unpriced = IntCounterVec::new(
-            Opts::new(
-                "portcullis_unpriced_requests_total",
-                "Requests whose model had no price that applied (never costed 0), by service.",
-            ),
-            &["service"],
-        )
-        .expect("valid metric");
+        let tokens = Sharded::new(|| {
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_tokens_total",
+                    "Tokens reported by the upstream's `usage` on api = \"openai\" services (or estimated for a cut stream), by service and kind (prompt, completion, reasoning, cached).",
+                ),
+                &["service", "kind"],
+            )
+            .expect("valid metric")
+        });
+        let cost_micros = Sharded::new(|| {
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_cost_micros_total",
+                    "What priced requests cost, in millionths of the price table's currency, by service.",
+                ),
+                &["service"],
+            )
+            .expect("valid metric")
+        });
+        let unpriced = Sharded::new(|| {
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_unpriced_requests_total",
+                    "Requests whose model had no price that applied (never costed 0), by service.",
+                ),
+                &["service"],
+            )
+            .expect("valid metric")
+        });
         let usage_unread = IntCounterVec::new(
             Opts::new(
                 "portcullis_usage_unread_total",
@@ -156,14 +172,16 @@ impl Metrics {
             &["service", "reason"],
         )
         .expect("valid metric");
-        let translations = IntCounterVec::new(
-            Opts::new(
-                "portcullis_translations_total",
-                "Calls translated to another API (translate), by service, pair (messages>chat) and result: ok, refused (the gateway's 4xx before forwarding), upstream_error (the upstream's error answer, or none), cut (the answer ended early).",
-            ),
-            &["service", "pair", "result"],
-        )
-        .expect("valid metric");
+        let translations = Sharded::new(|| {
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_translations_total",
+                    "Calls translated to another API (translate), by service, pair (messages>chat) and result: ok, refused (the gateway's 4xx before forwarding), upstream_error (the upstream's error answer, or none), cut (the answer ended early).",
+                ),
+                &["service", "pair", "result"],
+            )
+            .expect("valid metric")
+        });
         let revocation_push = IntCounterVec::new(
             Opts::new(
                 "portcullis_revocation_push_total",
@@ -277,13 +295,16 @@ impl Metrics {
     /// One service's handles, resolved once: the request path then records without hashing
     /// label values (the common status, 200, per method; others are looked up).
     pub fn for_service(&self, service: &str) -> ServiceMetrics {
+        let children = |vec: &Sharded<HistogramVec>| {
+            (vec.all().iter())
+                .map(|shard| shard.with_label_values(&[service]))
+                .collect()
+        };
         ServiceMetrics {
             service: service.into(),
-            duration: self.duration.with_label_values(&[service]),
-            ttfb: self.upstream_ttfb.with_label_values(&[service]),
-            ok: Default::default(),
-            tokens: Default::default(),
-            cost: Default::default(),
+            duration: children(&self.duration),
+            ttfb: children(&self.upstream_ttfb),
+            counters: (0..SHARDS).map(|_| Default::default()).collect(),
         }
     }
 
@@ -299,23 +320,25 @@ impl Metrics {
     ) {
         let i = method_index(method);
         let method = METHOD_LABELS[i];
+        let shard = shard();
         if status == 200 {
             // Made on the first 200 of each method, so /metrics shows only series that happened.
-            handles.ok[i]
+            handles.counters[shard].ok[i]
                 .get_or_init(|| {
-                    self.requests
-                        .with_label_values(&[&handles.service, method, "200"])
+                    self.requests.all()[shard].with_label_values(&[&handles.service, method, "200"])
                 })
                 .inc();
         } else {
             self.count_request(&handles.service, method, status);
         }
-        handles.duration.observe(duration.as_secs_f64());
+        handles.duration[shard].observe(duration.as_secs_f64());
         if let Some(t) = ttfb {
-            handles.ttfb.observe(t.as_secs_f64());
+            handles.ttfb[shard].observe(t.as_secs_f64());
         }
         if let Some(kind) = auth_failure {
-            self.auth_failures.with_label_values(&[kind.as_str()]).inc();
+            (self.auth_failures.local())
+                .with_label_values(&[kind.as_str()])
+                .inc();
         }
     }
 
@@ -326,7 +349,7 @@ impl Metrics {
         code[1] += (status / 10 % 10) as u8;
         code[2] += (status % 10) as u8;
         let code = std::str::from_utf8(&code).unwrap_or("000");
-        self.requests
+        (self.requests.local())
             .with_label_values(&[service, method, code])
             .inc();
     }
@@ -341,23 +364,25 @@ impl Metrics {
         auth_failure: Option<AuthFailure>,
     ) {
         self.count_request(service, method_label(method), status);
-        self.duration
+        (self.duration.local())
             .with_label_values(&[service])
             .observe(duration.as_secs_f64());
         if let Some(t) = ttfb {
-            self.upstream_ttfb
+            (self.upstream_ttfb.local())
                 .with_label_values(&[service])
                 .observe(t.as_secs_f64());
         }
         if let Some(kind) = auth_failure {
-            self.auth_failures.with_label_values(&[kind.as_str()]).inc();
+            (self.auth_failures.local())
+                .with_label_values(&[kind.as_str()])
+                .inc();
         }
     }
 
     /// Every kind of token of `service` at 0, so a rate() over it is defined from the start.
     pub fn register_tokens(&self, service: &str) {
         for kind in TOKEN_KINDS {
-            self.tokens.with_label_values(&[service, kind]);
+            self.tokens.all()[0].with_label_values(&[service, kind]);
         }
     }
 
@@ -370,11 +395,13 @@ impl Metrics {
             usage.reasoning_tokens,
             usage.cached_tokens,
         ];
-        for ((kind, counter), n) in TOKEN_KINDS.iter().zip(&handles.tokens).zip(counts) {
+        let shard = shard();
+        let mine = &handles.counters[shard].tokens;
+        for ((kind, counter), n) in TOKEN_KINDS.iter().zip(mine).zip(counts) {
             if let Some(n) = n.filter(|&n| n > 0) {
                 let labels = [&*handles.service, kind];
                 counter
-                    .get_or_init(|| self.tokens.with_label_values(&labels))
+                    .get_or_init(|| self.tokens.all()[shard].with_label_values(&labels))
                     .inc_by(n);
             }
         }
@@ -384,12 +411,14 @@ impl Metrics {
     /// counter looked up once).
     pub(crate) fn cost(&self, handles: &ServiceMetrics, micros: Option<u64>) {
         let service = [&*handles.service];
+        let shard = shard();
+        let mine = &handles.counters[shard].cost;
         match micros {
-            Some(n) => handles.cost[0]
-                .get_or_init(|| self.cost_micros.with_label_values(&service))
+            Some(n) => mine[0]
+                .get_or_init(|| self.cost_micros.all()[shard].with_label_values(&service))
                 .inc_by(n),
-            None => handles.cost[1]
-                .get_or_init(|| self.unpriced.with_label_values(&service))
+            None => mine[1]
+                .get_or_init(|| self.unpriced.all()[shard].with_label_values(&service))
                 .inc(),
         }
     }
@@ -403,7 +432,7 @@ impl Metrics {
 
     /// A translated call ended: `result` is `ok`, `refused`, `upstream_error` or `cut`.
     pub fn translated(&self, service: &str, pair: &'static str, result: &'static str) {
-        self.translations
+        (self.translations.local())
             .with_label_values(&[service, pair, result])
             .inc();
     }
@@ -499,16 +528,23 @@ impl Default for Metrics {
     }
 }
 
-/// A service's metric handles (see `Metrics::for_service`).
+/// A service's metric handles (see `Metrics::for_service`), one set per shard: a worker
+/// thread writes its own.
 pub struct ServiceMetrics {
     service: Box<str>,
-    duration: prometheus::Histogram,
-    ttfb: prometheus::Histogram,
-    /// `portcullis_requests_total{status="200"}`, per `METHOD_LABELS`, once seen.
+    duration: Box<[prometheus::Histogram]>,
+    ttfb: Box<[prometheus::Histogram]>,
+    counters: Box<[Counters]>,
+}
+
+/// A shard's counters of one service, each made when first counted.
+#[derive(Default)]
+struct Counters {
+    /// `portcullis_requests_total{status="200"}`, per `METHOD_LABELS`.
     ok: [std::sync::OnceLock<IntCounter>; 8],
-    /// `portcullis_tokens_total`, per `TOKEN_KINDS`, once counted.
+    /// `portcullis_tokens_total`, per `TOKEN_KINDS`.
     tokens: [std::sync::OnceLock<IntCounter>; 4],
-    /// `portcullis_cost_micros_total` and `portcullis_unpriced_requests_total`, once counted.
+    /// `portcullis_cost_micros_total` and `portcullis_unpriced_requests_total`.
     cost: [std::sync::OnceLock<IntCounter>; 2],
 }
 
