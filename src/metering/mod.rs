@@ -20,11 +20,12 @@ use crate::store::{UsageCounts, UsageRow};
 /// The most (caller, model) pairs a thread remembers as kept in the current hour.
 const KEPT_PER_THREAD: usize = 256;
 
+/// (the meter and hour they are of, the (caller, model) hashes a thread saw kept): a model
+/// once kept for a caller stays kept all hour, so the shared list is asked once per thread.
+type KeptHere = ((usize, i64), Vec<(u64, u64)>);
+
 thread_local! {
-    /// (the meter and hour they are of, the (caller, model) hashes this thread saw kept): a
-    /// model once kept for a caller stays kept all hour, so the shared list is asked once.
-    static KEPT: std::cell::RefCell<((usize, i64), Vec<(u64, u64)>)> =
-        const { std::cell::RefCell::new(((0, 0), Vec::new())) };
+    static KEPT: std::cell::RefCell<KeptHere> = const { std::cell::RefCell::new(((0, 0), Vec::new())) };
 }
 
 /// What a request cost, as the price table has it.

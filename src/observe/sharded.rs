@@ -83,10 +83,13 @@ struct Sum {
     buckets: Vec<(f64, u64)>,
 }
 
+/// A family's series by their labels (name, value).
+type Series = BTreeMap<Vec<(String, String)>, Sum>;
+
 /// The families of every shard merged into one per name: series with the same labels summed.
 /// Counters and histograms only (what is sharded); the registry sorts the series.
 fn merge(families: impl Iterator<Item = MetricFamily>) -> Vec<MetricFamily> {
-    let mut merged: Vec<(MetricFamily, BTreeMap<Vec<(String, String)>, Sum>)> = Vec::new();
+    let mut merged: Vec<(MetricFamily, Series)> = Vec::new();
     for family in families {
         let at = match merged.iter().position(|(f, _)| f.name() == family.name()) {
             Some(at) => at,
