@@ -50,6 +50,8 @@ struct Opts {
     max_life: Duration,
     hosts: u8,
     stream_chunks: usize,
+    /// Runtime worker threads (`--threads`, default 1).
+    threads: usize,
 }
 
 fn opts() -> Opts {
@@ -60,6 +62,7 @@ fn opts() -> Opts {
         max_life: Duration::from_secs(3600),
         hosts: 1,
         stream_chunks: 16,
+        threads: 1,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -75,6 +78,7 @@ fn opts() -> Opts {
             "--max-life-s" => o.max_life = Duration::from_secs(n),
             "--hosts" => o.hosts = n.clamp(1, 254) as u8,
             "--stream-chunks" => o.stream_chunks = n.clamp(2, 10_000) as usize,
+            "--threads" => o.threads = n.clamp(1, 256) as usize,
             _ => panic!("unknown flag {flag}"),
         }
     }
@@ -133,10 +137,18 @@ fn main() {
         plain: chat_stream(o.stream_chunks, false),
         usage: chat_stream(o.stream_chunks, true),
     });
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    // One thread unless asked: a proxy on many cores needs an upstream on several (the scaling
+    // stage), where one thread would be what bounds it.
+    let rt = match o.threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        n => (tokio::runtime::Builder::new_multi_thread())
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    }
+    .unwrap();
     rt.block_on(async move {
         let listen = |host: u8, port: u16| {
             let socket = TcpSocket::new_v4().unwrap();

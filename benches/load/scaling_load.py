@@ -8,8 +8,8 @@ each in two kinds so the stage runs on a machine with nothing installed:
   rate asked is OVERSHOOT times what the warm-up measured, for SECONDS / OVERSHOOT of schedule,
   so the run lasts about SECONDS; a run that kept to its schedule was not saturated, and says so.
 - upstream: nginx (one worker per upstream core, a static chat completion) where installed,
-  else the repository's fast_upstream, which is one thread: on many cores it may be what bounds
-  the proxy, so its busy cores are reported beside the proxy's.
+  else the repository's fast_upstream with a thread per upstream core (`--threads`); its busy
+  cores are reported beside the proxy's, so a point it bounds shows.
 
 What a load run gives back (Run): requests answered, wall seconds, the load generator's own
 CPU seconds, and whether the proxy was saturated."""
@@ -172,7 +172,7 @@ def choose_load(kind, tools, cores, conns, work):
 
 # ---- the upstream ----------------------------------------------------------------------------
 class FastUpstream:
-    """benches/load/fast_upstream.rs: one thread, on the upstream cores."""
+    """benches/load/fast_upstream.rs: a thread per upstream core (`--threads`), on those cores."""
 
     name = "fast_upstream"
 
@@ -180,12 +180,14 @@ class FastUpstream:
         self.tool, self.cores = tool, cores
 
     def describe(self):
-        return f"fast_upstream (one thread) on cores {cpu_list(self.cores)}"
+        return f"fast_upstream ({len(self.cores)} threads) on cores {cpu_list(self.cores)}"
 
     def start(self, procs, work, fd_limit):
         self.port = free_port()
         log = work / "scaling-upstream.log"
-        self.proc = procs.start([self.tool, "--port", self.port, "--max-life-s", "3600"],
+        threads = str(len(self.cores))
+        self.proc = procs.start([self.tool, "--port", self.port, "--max-life-s", "3600",
+                                 "--threads", threads],
                                 cpu=cpu_list(self.cores), stdout=log, stderr=subprocess.STDOUT)
         wait_line(log, "listening")
 

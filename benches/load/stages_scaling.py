@@ -304,7 +304,8 @@ class Scaling:
             point.notes.append(f"{run.errors} requests failed or not 200")
         if not run.saturated:
             point.notes.append("not saturated: the load kept its schedule")
-        if self.sc_upstream.name == "fast_upstream" and point.upstream_busy > 0.9:  # one thread
+        upstream_cores = len(getattr(self.sc_upstream, "cores", [])) or 1
+        if self.sc_upstream.name == "fast_upstream" and point.upstream_busy > 0.9 * upstream_cores:
             point.notes.append(f"upstream-bound: fast_upstream {point.upstream_busy:.2f} cores busy")
         if point.busy < 0.8 * point.threads and not self.sc_placement.overlap(point.threads):
             point.notes.append(f"proxy {point.busy / point.threads:.0%} busy: held back by the load, the upstream "
