@@ -16,6 +16,7 @@ mod errors;
 mod limits;
 mod metering;
 mod observe;
+mod one_line;
 mod pricing;
 mod proxy;
 mod replicas;

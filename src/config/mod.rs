@@ -16,6 +16,9 @@ mod validate;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub(crate) use crate::one_line::one_line;
+use crate::one_line::toml_problem;
+
 use crate::pricing::PricingSettings;
 pub(crate) use admin::AdminSettings;
 pub(crate) use env::expand as expand_env;
@@ -44,35 +47,6 @@ impl ConfigError {
             0 | 1 => first.to_string(),
             n => format!("{first} (and {} more problem(s))", n - 1),
         }
-    }
-}
-
-/// A problem as one line: values echoed from the file may hold newlines or other control
-/// characters (found by fuzzing), which are shown escaped.
-fn one_line(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// A TOML syntax or shape error on one line: toml's own message draws the source over
-/// several lines, which a one-line reason on stderr cannot carry.
-fn toml_problem(shown: &str, text: &str, e: &toml::de::Error) -> String {
-    let message = one_line(&e.message().split_whitespace().collect::<Vec<_>>().join(" "));
-    match e.span() {
-        Some(span) => {
-            let before = &text.as_bytes()[..span.start.min(text.len())];
-            let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-            let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
-            format!("{shown}: line {line}, column {column}: {message}")
-        }
-        None => format!("{shown}: {message}"),
     }
 }
 

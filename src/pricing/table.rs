@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::decimal::{self, DecimalError, Rounding};
+use crate::one_line::{one_line, toml_problem};
 use crate::time::{date, parse_date};
 
 /// Token counts a cost is computed from, as the metering counts them: `prompt` includes the
@@ -364,31 +365,6 @@ fn price(v: &toml::Value) -> Result<u64, String> {
 /// The table as a price table file writes it: `text(2_500_000_000)` is `2.5`.
 pub(crate) fn price_text(billionths: u64) -> String {
     decimal::text(u128::from(billionths), 9)
-}
-
-/// A problem on one line: names and values echoed from the file may hold control characters.
-fn one_line(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| match c.is_control() {
-            true => c.escape_default().collect::<Vec<_>>(),
-            false => vec![c],
-        })
-        .collect()
-}
-
-/// A TOML syntax or shape error on one line, with its line and column (toml's own message
-/// draws the source over several lines).
-fn toml_problem(shown: &str, text: &str, e: &toml::de::Error) -> String {
-    let message = one_line(&e.message().split_whitespace().collect::<Vec<_>>().join(" "));
-    match e.span() {
-        Some(span) => {
-            let before = &text.as_bytes()[..span.start.min(text.len())];
-            let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-            let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
-            format!("{shown}: line {line}, column {column}: {message}")
-        }
-        None => format!("{shown}: {message}"),
-    }
 }
 
 #[cfg(test)]
