@@ -51,7 +51,12 @@ pub(super) async fn reserve(gw: &Gateway, ctx: &mut RequestCtx) -> Result<(), Bu
         // A body held until complete: decided when it is.
         return Ok(());
     }
-    let price = price::price(gw, ctx);
+    // Only a cost budget reserves money: no price is looked up for the others.
+    let price = if ctx.cost_budgeted {
+        price::price(gw, ctx)
+    } else {
+        None
+    };
     if let Some(message) = price::refused_unpriced(gw, ctx, price) {
         ctx.budget_decided = true;
         return Err(BudgetStop::Unpriced(message));
