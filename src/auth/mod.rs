@@ -30,7 +30,7 @@ impl PrincipalKind {
 }
 
 /// An authenticated caller: the key id or the JWT `sub`, and the scopes granted.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub kind: PrincipalKind,
     pub id: Box<str>,

@@ -12,9 +12,9 @@
 //! the revoke shows). What it finds stays cached only if it shows the revoke.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
-use moka::future::Cache;
-
+use super::cache::KeyCache;
 use super::outage::StoreHealth;
 use super::{Entry, KnownKey};
 use crate::auth::token::KeyId;
@@ -73,21 +73,22 @@ impl Lookup {
                     owner: stored.record.owner.map(Into::into),
                     budget: stored.record.budget,
                 }),
+                loaded: Instant::now(),
             })),
         })
     }
 }
 
 /// Drops a revoked key from `cache` at once, then looks again (`recheck`).
-pub(crate) async fn evict(cache: &Cache<KeyId, Entry>, lookup: &Arc<Lookup>, key_id: KeyId) {
+pub(crate) async fn evict(cache: &KeyCache, lookup: &Arc<Lookup>, key_id: KeyId) {
     cache.invalidate(&key_id).await;
     recheck(cache, lookup, key_id).await;
 }
 
 /// Called after `key_id` was invalidated: what a lookup in flight cached, or a fresh one, is
 /// kept only if it shows the key revoked. Costs one store query per revoke per gateway.
-pub(crate) async fn recheck(cache: &Cache<KeyId, Entry>, lookup: &Arc<Lookup>, key_id: KeyId) {
-    let now = cache.try_get_with(key_id, lookup.load(key_id)).await;
+pub(crate) async fn recheck(cache: &KeyCache, lookup: &Arc<Lookup>, key_id: KeyId) {
+    let now = cache.get_with(key_id, lookup.load(key_id)).await;
     if !matches!(now, Ok(Entry::Known(key)) if key.revoked) {
         cache.invalidate(&key_id).await;
     }

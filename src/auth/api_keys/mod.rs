@@ -1,6 +1,7 @@
 //! API keys `ak_<keyid>.<secret>`: creation, and verification through a cache in front of
 //! the store. The cache holds verifiers by key id, never secrets; its TTL is the revocation bound.
 
+mod cache;
 mod lookup;
 mod outage;
 mod push;
@@ -19,6 +20,7 @@ use super::token::{KeyId, API_KEY_PREFIX};
 use super::Principal;
 use crate::store::{Budget, KeyRecord, KeyStore, StoreError, StoredKey};
 use crate::time::unix_now;
+use cache::KeyCache;
 use lookup::Lookup;
 pub(crate) use push::RevocationPush;
 
@@ -34,6 +36,19 @@ struct KnownKey {
     expires_at: Option<i64>,
     revoked: bool,
     principal: Arc<Principal>,
+    /// When the store was read: the shared cache keeps the entry no longer than its TTL
+    /// from (just after) then, and so does a thread's copy.
+    loaded: Instant,
+}
+
+impl KnownKey {
+    /// A copy sharing nothing written per request with the original (`cache.rs`).
+    fn copy(&self) -> KnownKey {
+        KnownKey {
+            principal: Arc::new(Principal::clone(&self.principal)),
+            ..*self
+        }
+    }
 }
 
 struct EntryExpiry {
@@ -57,7 +72,7 @@ impl Expiry<KeyId, Entry> for EntryExpiry {
 }
 
 pub struct ApiKeyVerifier {
-    cache: Cache<KeyId, Entry>,
+    cache: KeyCache,
     /// Shared with the evictor and the revocation push, which look a revoked key up again.
     lookup: Arc<Lookup>,
 }
@@ -67,12 +82,12 @@ const DUMMY_VERIFIER: [u8; 32] = [0u8; 32];
 
 impl ApiKeyVerifier {
     pub fn new(store: Arc<dyn KeyStore>, positive: Duration, negative: Duration) -> Self {
-        let cache = Cache::builder()
+        let shared = Cache::builder()
             .max_capacity(100_000)
             .expire_after(EntryExpiry { positive, negative })
             .build();
         ApiKeyVerifier {
-            cache,
+            cache: KeyCache::new(shared, positive),
             lookup: Arc::new(Lookup::new(store)),
         }
     }
@@ -86,13 +101,16 @@ impl ApiKeyVerifier {
     pub async fn verify(&self, key_id: KeyId, secret: &str) -> Option<Arc<Principal>> {
         // Hashed before the lookup and whatever it finds: no timing tells whether an id exists.
         let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
-        let entry = self
-            .cache
-            .try_get_with(key_id, self.lookup.load(key_id))
-            .await
-            // The outage itself is logged once, by `StoreHealth`; not once per request.
-            .map_err(|e| log::debug!("api key lookup failed: {e}"))
-            .ok()?;
+        let entry = match self.cache.local(key_id) {
+            Some(key) => Entry::Known(key),
+            None => self
+                .cache
+                .get_with(key_id, self.lookup.load(key_id))
+                .await
+                // The outage itself is logged once, by `StoreHealth`; not once per request.
+                .map_err(|e| log::debug!("api key lookup failed: {e}"))
+                .ok()?,
+        };
         match entry {
             Entry::Unknown => {
                 let _ = digest.ct_eq(&DUMMY_VERIFIER);
@@ -130,7 +148,7 @@ impl ApiKeyVerifier {
 /// Drops a revoked key from one gateway's cache, so that gateway refuses it at once, and
 /// keeps a lookup in flight from caching it again (`lookup::evict`).
 #[derive(Clone)]
-pub struct KeyEvictor(Cache<KeyId, Entry>, Arc<Lookup>);
+pub struct KeyEvictor(KeyCache, Arc<Lookup>);
 
 impl KeyEvictor {
     pub async fn evict(&self, key_id: KeyId) {

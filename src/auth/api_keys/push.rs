@@ -6,12 +6,10 @@
 
 use std::time::Duration;
 
-use moka::future::Cache;
-
 use std::sync::Arc;
 
+use super::cache::KeyCache;
 use super::lookup::{self, Lookup};
-use super::Entry;
 use crate::auth::token::KeyId;
 use crate::store::Revocations;
 
@@ -24,7 +22,7 @@ const CONNECT_WAIT: Duration = Duration::from_secs(2);
 
 pub struct RevocationPush {
     url: String,
-    cache: Cache<KeyId, Entry>,
+    cache: KeyCache,
     /// The store lookup, whose health a lost connection marks down: requests then stop
     /// waiting on the store at once, and reconnecting tells when it is back.
     lookup: Arc<Lookup>,
@@ -33,11 +31,7 @@ pub struct RevocationPush {
 }
 
 impl RevocationPush {
-    pub(super) fn new(
-        url: String,
-        cache: Cache<KeyId, Entry>,
-        lookup: Arc<Lookup>,
-    ) -> RevocationPush {
+    pub(super) fn new(url: String, cache: KeyCache, lookup: Arc<Lookup>) -> RevocationPush {
         RevocationPush {
             url,
             cache,

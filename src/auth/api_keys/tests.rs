@@ -133,6 +133,58 @@ async fn revocation_takes_effect_when_the_entry_expires() {
     assert!(verifier.verify(id, &secret).await.is_none());
 }
 
+/// Verifies `token` on a thread of its own (its own copy of the key), `times` times.
+fn verify_on_a_thread(
+    verifier: &Arc<ApiKeyVerifier>,
+    token: &str,
+    times: usize,
+) -> Vec<Option<Arc<Principal>>> {
+    let (verifier, token) = (verifier.clone(), token.to_string());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (id, secret) = split(&token);
+        (0..times)
+            .map(|_| runtime.block_on(verifier.verify(id, &secret)))
+            .collect()
+    })
+    .join()
+    .unwrap()
+}
+
+#[tokio::test]
+async fn each_thread_holds_its_own_copy_of_a_key() {
+    let (store, verifier, token) = setup(60).await;
+    let verifier = Arc::new(verifier);
+    let (id, secret) = split(&token);
+    let here = verifier.verify(id, &secret).await.unwrap();
+    // The same copy again on this thread: nothing shared with other threads is written.
+    assert!(Arc::ptr_eq(
+        &here,
+        &verifier.verify(id, &secret).await.unwrap()
+    ));
+    let there = verify_on_a_thread(&verifier, &token, 2);
+    let (a, b) = (there[0].as_ref().unwrap(), there[1].as_ref().unwrap());
+    assert!(Arc::ptr_eq(a, b) && !Arc::ptr_eq(a, &here));
+    assert_eq!(**a, *here);
+    assert_eq!(store.lookups.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_eviction_reaches_every_threads_copy_at_once() {
+    let (store, verifier, token) = setup(60).await;
+    let verifier = Arc::new(verifier);
+    let (id, secret) = split(&token);
+    assert!(verifier.verify(id, &secret).await.is_some());
+    assert!(verify_on_a_thread(&verifier, &token, 1)[0].is_some());
+    store.revoke(id.as_str(), unix_now()).await.unwrap();
+    verifier.evictor().evict(id).await;
+    assert!(verifier.verify(id, &secret).await.is_none());
+    assert!(verify_on_a_thread(&verifier, &token, 1)[0].is_none());
+}
+
 #[tokio::test]
 async fn an_unreachable_store_keeps_cached_keys_and_refuses_the_rest() {
     let (store, verifier, token) = setup(60).await;
