@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 pub(crate) use flush::{Ledger, LedgerService, FINAL_FLUSH};
 
-use crate::observe::thread_shards;
+use crate::observe::thread_shards::{self, Padded};
 use crate::store::{UsageCounts, UsageRow};
 
 /// The most (caller, model) pairs a thread remembers as kept in the current hour.
@@ -79,7 +79,7 @@ pub(crate) const OTHER_MODELS: &str = "(other)";
 pub(crate) struct Meter {
     /// False without a ledger (no `[auth.api_keys]`): recording is then a no-op.
     enabled: bool,
-    shards: [Mutex<Shard>; SHARDS],
+    shards: [Padded<Mutex<Shard>>; SHARDS],
     hasher: RandomState,
     /// `[metering] max_models_per_key_hour`: a caller naming more models than this in one
     /// hour (the model is whatever it sends) gets one row for the rest, not a row each.

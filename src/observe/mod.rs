@@ -10,5 +10,5 @@ mod sharded;
 
 /// Which worker thread is writing, for state kept per thread (the meter's rows).
 pub(crate) mod thread_shards {
-    pub(crate) use super::sharded::{shard, SHARDS};
+    pub(crate) use super::sharded::{shard, Padded, SHARDS};
 }

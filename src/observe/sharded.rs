@@ -38,6 +38,21 @@ pub(crate) fn shard() -> usize {
     })
 }
 
+/// A value alone on its cache lines: 128 bytes, as adjacent x86 lines are fetched in pairs.
+/// Per-thread state in an array without it shares lines with its neighbours' (false
+/// sharing), and their writes bounce those lines between cores as a shared one would.
+#[derive(Default)]
+#[repr(align(128))]
+pub(crate) struct Padded<T>(pub T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// `SHARDS` copies of one metric vector, made alike and registered nowhere themselves: the
 /// registry gets this, which collects them as one.
 #[derive(Clone)]
