@@ -21,7 +21,7 @@ use crate::auth::api_keys::{ApiKeyVerifier, KeyEvictor, RevocationPush};
 use crate::auth::jwt::JwtVerifier;
 use crate::auth::Authenticator;
 use crate::config::{BudgetSettings, Config};
-use crate::limits::budgets::{BudgetSync, Budgets, SyncState};
+use crate::limits::budgets::{BudgetSync, Budgets, SyncState, FINAL_REFUNDS};
 use crate::limits::SharedRedis;
 use crate::metering::{Ledger, LedgerService, Meter, FINAL_FLUSH};
 use crate::observe::access_log;
@@ -106,6 +106,8 @@ pub(crate) fn serve(mut config: Config, options: ServeOptions) -> Result<(), Str
         _ => None,
     };
     let (meter, ledger) = ledger(&config, &metrics);
+    // Kept for the last flush of their refunds at a stop.
+    let budgets_at_stop = budgets.clone();
     let upstreams = Upstreams::new(&config, &metrics);
     let gateway = Gateway::new(
         &config,
@@ -218,6 +220,7 @@ pub(crate) fn serve(mut config: Config, options: ServeOptions) -> Result<(), Str
             connections,
             access_log: access_log.clone(),
             ledger: ledger.clone(),
+            budgets: budgets_at_stop.clone(),
         },
     ));
     server.add_service(background_service(
@@ -242,7 +245,11 @@ pub(crate) fn serve(mut config: Config, options: ServeOptions) -> Result<(), Str
     );
     // Returns after SIGINT, or when the grace period ran out with connections still open.
     server.run(RunArgs::default());
-    // Every request has recorded by now (or was cut by the stop): the ledger's last write.
+    // Every request has recorded by now (or was cut by the stop): the budgets' last refunds,
+    // the ledger's last write.
+    if let Some(budgets) = &budgets_at_stop {
+        budgets.final_flush(FINAL_REFUNDS);
+    }
     if let Some(ledger) = &ledger {
         ledger.final_flush(FINAL_FLUSH);
     }

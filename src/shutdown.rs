@@ -3,8 +3,8 @@
 //! On SIGTERM, and on SIGQUIT once the listening sockets are handed over, Pingora stops
 //! accepting, then sleeps the whole `grace_period_seconds` before stopping its runtimes, even
 //! with nothing left to serve. We count the open client connections; once the listeners are
-//! closed and the count is zero, every request has recorded: the usage ledger and the access
-//! log are flushed and the process exits. Pingora's
+//! closed and the count is zero, every request has recorded: the budgets' refunds, the usage
+//! ledger and the access log are flushed and the process exits. Pingora's
 //! own sleep stays the upper bound for connections that do not finish.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,6 +17,7 @@ use pingora::protocols::Stream;
 use pingora::server::{ExecutionPhase, ShutdownWatch};
 use pingora::services::background::BackgroundService;
 
+use crate::limits::budgets::{Budgets, FINAL_REFUNDS};
 use crate::metering::Ledger;
 use crate::observe::access_log::AccessLog;
 
@@ -84,6 +85,8 @@ pub(crate) struct Drain {
     pub connections: Arc<Connections>,
     pub access_log: AccessLog,
     pub ledger: Option<Arc<Ledger>>,
+    /// Their refunds not yet sent to Redis go before the exit.
+    pub budgets: Option<Arc<Budgets>>,
 }
 
 /// A connection accepted just before the listeners closed may not have reached
@@ -117,6 +120,9 @@ impl BackgroundService for Drain {
         }
         log::info!("drained: nothing left in flight, exiting");
         // Blocks this worker briefly; nothing else is left to run.
+        if let Some(budgets) = &self.budgets {
+            budgets.final_flush(FINAL_REFUNDS);
+        }
         if let Some(ledger) = &self.ledger {
             ledger.final_flush(crate::metering::FINAL_FLUSH);
         }

@@ -112,11 +112,13 @@ def budget_rows(raw, facts):
     cpu = {t: "%.1f + %.1f" % (num(m(f"bcpu_user_{t}")), num(m(f"bcpu_sys_{t}"))) for t in ("bud_plain", "bud_tokens")}
     ir = {n: m(f"ir_budget_{n}") for n in ("plain", "tokens", "infer", "rpd")}
     return [
-        "| paired CPU per request, chat by a key with tokens_per_day through Redis (reserve + adjust) "
+        "| paired CPU per request, chat by a key with tokens_per_day through Redis (reserve + batched adjust) "
         f"÷ by a key without budget | | | {spread(raw, 'budget_tokens')} | | | ≤ 1.10× | {ok(num(tok) <= 1.10)} |",
         f"| … without budget ÷ without budget (the pairing's own spread) | | | {spread(raw, 'budget_aa')} | | | | |",
         "| … requests_per_day key on a service without api (reserve only) ÷ without budget | | | "
         f"{spread(raw, 'budget_rpd')} | | | | |",
+        "| Redis scripts per budgeted request in the pairs: tokens_per_day; requests_per_day | | | "
+        f"{m('budget_tokens_scripts')}; {m('budget_rpd_scripts')} | | | | |",
         "| proxy CPU per chat in the pairs (µs): metered without / with tokens_per_day; infer without / with "
         f"requests_per_day | | | {m('budget_tokens_base_us')} / {m('budget_tokens_us')}; {m('budget_rpd_base_us')} / "
         f"{m('budget_rpd_us')} | | | | |",
@@ -145,8 +147,8 @@ def budget_method(facts):
         "1000000000000000`, one with `--requests-per-day 1000000000000` (never refused). The chat POST states",
         f"max_tokens: {f.get('budget_reserved', '?')} tokens reserved (body bytes ÷ 4 + max_tokens), "
         f"{f.get('budget_charged', '?')} charged once the upstream's usage is read,",
-        "so a budgeted chat on `metered` (api = \"openai\") runs a reserve script before forwarding and an adjust",
-        "script after the response, one on `infer` (no api) with requests_per_day the reserve script only (checked",
+        "so a budgeted chat on `metered` (api = \"openai\") runs a reserve script before forwarding and its refund",
+        "joins a batch sent in one adjust script every 50 ms; one on `infer` (no api) with requests_per_day the reserve script only (checked",
         "before the rounds through Redis's command counts, with the headers and the settled charge). Paired like",
         f"the metering: the two gateways at once, two `wrk -t1 -c32` for {f.get('budget_seconds', '?')} s each way round, CPU per request",
         f"of the budgeted key ÷ the key without budget, geometric mean of the two ways, median (min–max) of {f.get('budget_rounds', '?')}",

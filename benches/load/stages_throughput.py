@@ -116,6 +116,7 @@ class Throughput(Servers):
             if w["non2xx"]:
                 raise BenchError(f"paired run: non-2xx responses: Non-2xx or 3xx responses: {w['non2xx']}")
         na, nb = int(wa["requests"] or 0), int(wb["requests"] or 0)
+        self.pair_requests = (na, nb)
         if ca > 0 and cb > 0 and na > 0 and nb > 0:
             return ca / CLK_TCK * 1e6 / na, cb / CLK_TCK * 1e6 / nb
         return None
@@ -125,8 +126,11 @@ class Throughput(Servers):
         (process, port)), so a difference between the two processes cancels out → (target's
         CPU per request ÷ base's, geometric mean of the two ways; base's and target's CPU µs
         per request, means of the two ways), None if either did nothing."""
-        ways = [self.pair_cpu(base, target, seconds, *gw, *twin, script=script),
-                self.pair_cpu(base, target, seconds, *twin, *gw, script=script)]
+        ways = [self.pair_cpu(base, target, seconds, *gw, *twin, script=script)]
+        served = self.pair_requests
+        ways.append(self.pair_cpu(base, target, seconds, *twin, *gw, script=script))
+        # The requests each side served, both ways together (pair_requests after this call).
+        self.pair_requests = tuple(x + y for x, y in zip(served, self.pair_requests))
         if None in ways:
             return None
         ratio = math.sqrt((ways[0][1] / ways[0][0]) * (ways[1][1] / ways[1][0]))

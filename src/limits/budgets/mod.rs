@@ -5,11 +5,13 @@
 //! The request flow asks `reserve` once the body is read and before anything is forwarded:
 //! the request's worst case (prompt estimate + the completion tokens it may use, and that
 //! priced) is reserved on every limited counter of its key, its owner and its owner's team at
-//! once, or it is refused. `settle`, in
-//! the record phase, replaces the reservation by what the response really used. Counters are
-//! per process (`local.rs`, seeded from the ledger) or, with `[rate_limits] redis`, shared by
-//! the fleet (`shared.rs`), falling back to per process while Redis fails. `sync.rs` keeps the
-//! table of who has which budget current: one poll of the store's changes every 250 ms.
+//! once, or it is refused. `settle`, in the record phase, replaces the reservation by what the
+//! response really used. Counters are per process (`local.rs`, seeded from the ledger) or,
+//! with `[rate_limits] redis`, shared by the fleet (`shared.rs`), falling back to per process
+//! while Redis fails. With Redis a settlement's refund is batched off the request path and
+//! sent by a flusher every 50 ms, while a charge above the reservation goes at once: shared.rs
+//! says why that keeps the fleet exact. `sync.rs` keeps the table of who has which budget
+//! current (one poll of the store's changes every 250 ms) and runs the flusher.
 
 mod local;
 mod shared;
@@ -34,7 +36,7 @@ use crate::store::{amount_text, Budget, Store, Subject, Unit};
 use crate::time::{rfc3339, Clock};
 use local::Local;
 use shared::{Counter, Reply, Shared};
-pub(crate) use sync::{BudgetSync, SyncState};
+pub(crate) use sync::{BudgetSync, SyncState, FINAL_REFUNDS};
 use window::{Kind, Windows};
 
 /// The longest a request waits on the ledger to seed a shared counter that went missing (once
@@ -620,7 +622,8 @@ impl Budgets {
 
     /// Replaces a reservation by what the request used: `tokens` (prompt + completion), `cost`
     /// (micros; 0 when unpriced), and whether it was forwarded at all (a request never sent
-    /// upstream gives its count back).
+    /// upstream gives its count back). This process's counters at once; the shared ones get a
+    /// refund with the thread's next batch and a charge above the reservation now (awaited).
     pub(crate) async fn settle(&self, r: Reservation, tokens: u64, cost: u64, forwarded: bool) {
         let signed = |used: u64, reserved: u64| used as i64 - reserved as i64;
         let deltas = (
@@ -635,20 +638,34 @@ impl Budgets {
         let Some(shared) = self.shared.as_ref().filter(|_| r.shared) else {
             return;
         };
-        let deltas_of = deltas;
-        let mut keys = Vec::with_capacity(12);
-        let mut deltas = Vec::with_capacity(12);
+        // Refunds go to this thread's batch, which the flusher sends every `shared::PERIOD`;
+        // a charge above the reservation goes at once (shared.rs says why).
+        let mut charges: Vec<(String, i64)> = Vec::new();
+        let mut refunds = Vec::with_capacity(12);
         for (n, who) in r.subjects() {
             for kind in Kind::ALL {
-                if kind.limit(&r.limited[n]).is_some() {
-                    let start = kind.start(&r.windows.starts);
-                    keys.push(shared::counter_key(who, kind, start));
-                    deltas.push(kind.delta(deltas_of));
+                if kind.limit(&r.limited[n]).is_none() {
+                    continue;
+                }
+                let delta = kind.delta(deltas);
+                if delta != 0 {
+                    let key = shared::counter_key(who, kind, kind.start(&r.windows.starts));
+                    if delta < 0 {
+                        refunds.push((key, delta));
+                    } else {
+                        charges.push((key, delta));
+                    }
                 }
             }
         }
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        shared.adjust(&keys, &deltas).await;
+        if !refunds.is_empty() {
+            shared.refund(refunds.into_iter());
+        }
+        if !charges.is_empty() {
+            let (keys, deltas): (Vec<&str>, Vec<i64>) =
+                charges.iter().map(|(k, d)| (k.as_str(), *d)).unzip();
+            shared.adjust(&keys, &deltas).await;
+        }
     }
 }
 

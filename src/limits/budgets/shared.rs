@@ -7,7 +7,25 @@
 //! window, or a Redis that was flushed or lost its data) is never taken as zero: the script
 //! answers which ones are missing, the gateway reads the ledger for them, and asks again with
 //! those values as seeds (`SET` only where still missing, so concurrent seeds agree).
+//!
+//! Settling is split by sign. A refund (the request used less than it reserved, or was never
+//! forwarded) is added to a pending sum per counter in this worker thread's own batch and sent
+//! by the flusher (`Budgets::start_flusher`), one ADJUST for every counter, every `PERIOD`: no
+//! round trip on the request path. Until it goes the shared counter holds the reservation's
+//! surplus, so it over-counts: a caller near its limit may be refused up to `PERIOD` early,
+//! never admitted past it. A charge above the reservation (a prompt longer in tokens than its
+//! estimate, a cost above the priced worst case) is sent at once and awaited, as before: held
+//! back, it would let the fleet admit against a counter that is already short.
+//!
+//! A failed ADJUST (an error or a timeout) is dropped, as the request path's was: Redis may
+//! have run it before the answer was lost, and a refund sent twice would let the counter
+//! under-count, which is the one error a budget must not make; a dropped refund only
+//! over-counts until the window ends. While Redis is known to be down, a batch is dropped
+//! unsent (the counters are raised to the ledger's values when it is back).
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use redis::Script;
@@ -15,6 +33,18 @@ use redis::Script;
 use super::window::{Kind, Windows};
 use super::Who;
 use crate::limits::{escape_id, SharedRedis};
+use crate::observe::thread_shards;
+
+/// How often pending refunds are sent. Short enough that a refund reaches the fleet well
+/// within the second a budget change takes (and that a caller near its limit is refused early
+/// for at most this long); long enough that under load one script carries the refunds of
+/// hundreds of requests (at 5,000 req/s, 250 per call instead of 250 calls).
+pub(crate) const PERIOD: Duration = Duration::from_millis(50);
+/// A thread's batch with this many counters wakes the flusher before its period is over, so
+/// a batch (and its one script) stays small however many callers are settled.
+const LARGE: usize = 256;
+/// At most this many counters per ADJUST call.
+const CHUNK: usize = 256;
 
 /// KEYS: counters. ARGV, four per counter: limit, amount, time to live (s), seed (-1: none).
 /// Returns `{-1, i…}`: counters missing without a seed; `{0, i, used}`: counter `i` refused
@@ -97,6 +127,67 @@ pub(crate) struct Shared {
     reserve: Script,
     adjust: Script,
     raise: Script,
+    pending: Pending,
+    /// Asks the flusher's thread for a flush now; the answer says whether it all went.
+    pub(super) now: Mutex<Option<tokio::sync::mpsc::UnboundedSender<mpsc::Sender<bool>>>>,
+}
+
+/// Refunds not yet sent, per counter key: one map per worker thread (`thread_shards`), each
+/// behind a lock that only its thread and the flusher take.
+struct Pending {
+    shards: Box<[Mutex<HashMap<String, i64>>]>,
+    /// Wakes the flusher when a thread's batch is large.
+    large: tokio::sync::Notify,
+    /// ADJUST calls the flusher made (tests).
+    sent: AtomicU64,
+}
+
+impl Pending {
+    fn new() -> Pending {
+        Pending {
+            shards: (0..thread_shards::SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+            large: tokio::sync::Notify::new(),
+            sent: AtomicU64::new(0),
+        }
+    }
+
+    fn add(&self, refunds: impl Iterator<Item = (String, i64)>) {
+        let shard = &self.shards[thread_shards::shard()];
+        let mut batch = shard.lock().unwrap_or_else(|e| e.into_inner());
+        let before = batch.len();
+        for (key, delta) in refunds {
+            *batch.entry(key).or_insert(0) += delta;
+        }
+        let woken = before < LARGE && batch.len() >= LARGE;
+        drop(batch);
+        if woken {
+            self.large.notify_one();
+        }
+    }
+
+    /// Every thread's batch, summed per counter, zero sums left out.
+    fn take(&self) -> HashMap<String, i64> {
+        let mut all: HashMap<String, i64> = HashMap::new();
+        for shard in self.shards.iter() {
+            let mut batch = shard.lock().unwrap_or_else(|e| e.into_inner());
+            if batch.is_empty() {
+                continue;
+            }
+            let taken = std::mem::take(&mut *batch);
+            drop(batch);
+            if all.is_empty() {
+                all = taken;
+            } else {
+                for (key, delta) in taken {
+                    *all.entry(key).or_insert(0) += delta;
+                }
+            }
+        }
+        all.retain(|_, d| *d != 0);
+        all
+    }
 }
 
 /// One shared counter of a request.
@@ -124,6 +215,8 @@ impl Shared {
             reserve: Script::new(RESERVE),
             adjust: Script::new(ADJUST),
             raise: Script::new(RAISE),
+            pending: Pending::new(),
+            now: Mutex::new(None),
         }
     }
 
@@ -174,12 +267,49 @@ impl Shared {
         loaded.is_some() && reserve.is_some()
     }
 
-    /// Adds `deltas` to the counters (a settled reservation).
-    pub(crate) async fn adjust(&self, keys: &[&str], deltas: &[i64]) {
-        let _: Option<i64> = self
+    /// Adds `deltas` to the counters now; whether Redis answered.
+    pub(crate) async fn adjust(&self, keys: &[&str], deltas: &[i64]) -> bool {
+        let done: Option<i64> = self
             .backend
             .invoke(&self.adjust, keys, deltas, TIMEOUT)
             .await;
+        done.is_some()
+    }
+
+    /// Adds refunds to this thread's batch, for the flusher to send.
+    pub(crate) fn refund(&self, refunds: impl Iterator<Item = (String, i64)>) {
+        self.pending.add(refunds);
+    }
+
+    /// Sends every pending refund, summed per counter, in as few ADJUST calls as `CHUNK`
+    /// allows. False when some were dropped (Redis failed or is down; see the module).
+    pub(crate) async fn flush(&self) -> bool {
+        let batch = self.pending.take();
+        if batch.is_empty() {
+            return true;
+        }
+        if self.backend.is_down() {
+            return false;
+        }
+        let (keys, deltas): (Vec<&str>, Vec<i64>) =
+            batch.iter().map(|(k, d)| (k.as_str(), *d)).unzip();
+        let mut all = true;
+        for (keys, deltas) in keys.chunks(CHUNK).zip(deltas.chunks(CHUNK)) {
+            self.pending.sent.fetch_add(1, Ordering::Relaxed);
+            all &= self.adjust(keys, deltas).await;
+        }
+        all
+    }
+
+    /// The ADJUST calls flushes have made so far.
+    #[cfg(test)]
+    pub(crate) fn flushes_sent(&self) -> u64 {
+        self.pending.sent.load(Ordering::Relaxed)
+    }
+
+    /// Waits for the flusher to be woken by a large batch.
+    pub(super) async fn large(&self) {
+        self.pending.large.notified().await
     }
 
     /// Raises counters to the ledger's values.

@@ -4,17 +4,19 @@
 //! Redis); and the counters' seeds from the ledger: at start-up, for a newly budgeted
 //! subject, after a Redis outage (raising the shared counters to what the ledger holds),
 //! and every `RESEED` while Redis is down (so per-process counting sees the fleet's flushed
-//! usage).
+//! usage). And the refunds' flusher: a thread of its own with its own runtime and Redis
+//! connection (like the ledger's), so the last flush of a clean stop runs after every request
+//! has settled, whatever state Pingora's runtimes are in (`final_flush`).
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::shared::{counter_key, expiry};
+use super::shared::{counter_key, expiry, PERIOD};
 use super::window::{Kind, Windows};
 use super::{Budgets, Table, Who};
 use crate::store::{
@@ -26,6 +28,9 @@ pub(crate) const POLL: Duration = Duration::from_millis(250);
 /// Changes are read back this far before the newest one seen: a writer's clock may lag, and
 /// a change committed late with an older stamp is still picked up.
 const OVERLAP_MS: i64 = 10_000;
+/// How long a stopping process waits for its last refunds to reach Redis: one ADJUST per 256
+/// counters, each given the budget calls' 1 s.
+pub(crate) const FINAL_REFUNDS: Duration = Duration::from_secs(2);
 /// While Redis is down, per-process counters are raised to the ledger this often.
 const RESEED: Duration = Duration::from_secs(5);
 
@@ -206,6 +211,86 @@ impl Budgets {
     }
 }
 
+impl Budgets {
+    /// Starts the thread that sends settled refunds to Redis every `PERIOD` (none without
+    /// Redis); after any daemon fork, since threads do not survive it.
+    pub(crate) fn start_flusher(self: &Arc<Self>) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let (ask, asked) = tokio::sync::mpsc::unbounded_channel();
+        let budgets = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("budget-refunds".into())
+            .spawn(move || budgets.run_flusher(asked));
+        match spawned {
+            Ok(_) => *shared.now.lock().unwrap_or_else(|e| e.into_inner()) = Some(ask),
+            Err(e) => log::error!("cannot start the budgets' refund flusher: {e}"),
+        }
+    }
+
+    fn run_flusher(&self, mut asked: tokio::sync::mpsc::UnboundedReceiver<mpsc::Sender<bool>>) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            log::error!("cannot start the budgets' refund flusher's runtime");
+            return;
+        };
+        runtime.block_on(async {
+            let mut tick = tokio::time::interval(PERIOD);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let reply = tokio::select! {
+                    _ = tick.tick() => None,
+                    _ = shared.large() => None,
+                    asked = asked.recv() => match asked {
+                        Some(reply) => Some(reply),
+                        None => return,
+                    },
+                };
+                let sent = shared.flush().await;
+                if let Some(reply) = reply {
+                    let _ = reply.send(sent);
+                }
+            }
+        });
+    }
+
+    /// Sends every refund settled so far and waits for it, at most `within`: the last step of
+    /// a clean stop, once no request is left to settle. False if some did not reach Redis
+    /// (they over-count their counters until the window ends; never the other way).
+    pub(crate) fn final_flush(&self, within: Duration) -> bool {
+        let Some(shared) = &self.shared else {
+            return true;
+        };
+        let ask = shared.now.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (reply, answer) = mpsc::channel();
+        let sent = ask.is_some_and(|ask| ask.send(reply).is_ok())
+            && answer.recv_timeout(within).unwrap_or(false);
+        if !sent {
+            log::warn!(
+                "budgets: the last refunds did not reach Redis within {} ms: the shared \
+                 counters keep what those requests reserved beyond their use until the window ends",
+                within.as_millis()
+            );
+        }
+        sent
+    }
+
+    /// Sends every pending refund now, on the caller's runtime (tests).
+    #[cfg(test)]
+    pub(crate) async fn flush_refunds(&self) -> bool {
+        match &self.shared {
+            Some(shared) => shared.flush().await,
+            None => true,
+        }
+    }
+}
+
 fn who(subject: &Subject) -> Who<'_> {
     match subject {
         Subject::Key(id) => Who::Key(id),
@@ -226,6 +311,7 @@ impl BackgroundService for BudgetSync {
         let mut state = (self.state.lock().unwrap_or_else(|e| e.into_inner()))
             .take()
             .unwrap_or_default();
+        self.budgets.start_flusher();
         if let Some(shared) = &self.budgets.shared {
             shared.warm().await;
         }

@@ -437,6 +437,10 @@ async fn gateways_sharing_redis_never_admit_past_the_budget_and_a_flush_reseeds_
     for (n, reservation) in admitted {
         fleet[n].settle(reservation, 10, 0, true).await;
     }
+    // The refunds wait in each gateway's batch for its flusher: sent now.
+    for gateway in &fleet {
+        assert!(gateway.flush_refunds().await);
+    }
     let mut more = 0;
     for n in 0..100 {
         more += u64::from(
@@ -538,14 +542,27 @@ async fn commands_run(url: &str) -> u64 {
 }
 
 /// The Redis round trips of `n` reservations and their settlements (each charged less than
-/// it reserved, so each settles through Redis).
+/// it reserved, so each refunds), and of the flush that sends the refunds.
 async fn round_trips(b: &Budgets, url: &str, caller: &Principal, ask: Ask, n: u64) -> u64 {
     let before = commands_run(url).await;
     for _ in 0..n {
         let r = b.reserve(caller, ask, noon()).await.unwrap().unwrap();
         b.settle(r, ask.tokens / 2, ask.cost / 2, true).await;
     }
+    assert!(b.flush_refunds().await);
     commands_run(url).await - before
+}
+
+/// A connected gateway's budgets on `url`.
+async fn shared_budgets(store: &Arc<Store>, url: &str) -> Budgets {
+    let b = budgets(store, Some(redis_backend(url))).await;
+    let shared = b.shared.as_ref().unwrap();
+    let start = std::time::Instant::now();
+    while !shared.warm().await {
+        assert!(start.elapsed().as_secs() < 10, "redis never answered");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    b
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -565,19 +582,134 @@ async fn cost_and_team_budgets_take_no_more_redis_round_trips_than_a_token_budge
         team: Some("red".into()),
         changed_at_ms: 1,
     });
-    let b = budgets(&store, Some(redis_backend(redis.url()))).await;
-    let shared = b.shared.as_ref().unwrap();
-    while !shared.warm().await {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let b = shared_budgets(&store, redis.url()).await;
     // Once each first: the counters' seeding is a start-of-window cost, not a request's.
     let url = redis.url();
     round_trips(&b, url, &key("tokens", None), COSTLY, 1).await;
     round_trips(&b, url, &key("money", Some("o1")), COSTLY, 1).await;
     let tokens = round_trips(&b, url, &key("tokens", None), COSTLY, 20).await;
     let money = round_trips(&b, url, &key("money", Some("o1")), COSTLY, 20).await;
-    assert_eq!(tokens, 40, "a reserve and an adjust per request");
-    assert_eq!(money, tokens, "18 counters, the same two round trips");
+    assert_eq!(
+        tokens, 21,
+        "a reserve per request, one adjust for all their refunds"
+    );
+    assert_eq!(money, tokens, "18 counters, the same round trips");
+}
+
+/// The value of a shared counter, as Redis holds it now.
+async fn counter(url: &str, key: &str) -> Option<i64> {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// The key of `id`'s tokens_per_day counter on the tests' day.
+fn day_counter(id: &str) -> String {
+    let starts = super::window::Windows::at(noon()).starts;
+    let kind = Kind::TokensPerDay;
+    super::shared::counter_key(super::Who::Key(id), kind, kind.start(&starts))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_are_summed_into_one_script_and_a_charge_above_the_reservation_goes_at_once() {
+    let Some(redis) = testkit::redis::RedisServer::start_own_or_skip() else {
+        return;
+    };
+    let store = Arc::new(Store::default());
+    store.set(Subject::Key("k".into()), per_day(1_000_000), 1);
+    let b = shared_budgets(&store, redis.url()).await;
+    let (url, caller, day) = (redis.url(), key("k", None), day_counter("k"));
+    let before = commands_run(url).await;
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        held.push(b.reserve(&caller, ASK, noon()).await.unwrap().unwrap());
+    }
+    // The first reservation seeds the missing counter: one more script.
+    assert_eq!(commands_run(url).await - before, 21);
+    for r in held {
+        b.settle(r, 10, 0, true).await;
+    }
+    // Settled here at once, not yet in Redis: it over-counts meanwhile, never under.
+    assert_eq!(
+        commands_run(url).await - before,
+        21,
+        "no script per settlement"
+    );
+    assert_eq!(counter(url, &day).await, Some(20 * 40));
+    let sent = b.shared.as_ref().unwrap().flushes_sent();
+    assert!(b.flush_refunds().await);
+    assert_eq!(b.shared.as_ref().unwrap().flushes_sent() - sent, 1);
+    assert_eq!(
+        commands_run(url).await - before,
+        22,
+        "one script for 20 refunds"
+    );
+    assert_eq!(counter(url, &day).await, Some(20 * 10));
+    // Used 50 of 40 reserved: the 10 beyond are in Redis before `settle` returns.
+    let r = b.reserve(&caller, ASK, noon()).await.unwrap().unwrap();
+    b.settle(r, 50, 0, true).await;
+    assert_eq!(counter(url, &day).await, Some(20 * 10 + 50));
+    assert!(b.flush_refunds().await, "nothing left to send");
+    assert_eq!(commands_run(url).await - before, 24);
+    // A request never forwarded gives its count back through the batch too.
+    let counted = Budget {
+        requests_per_day: Some(100),
+        ..Budget::default()
+    };
+    store.set(Subject::Key("r".into()), counted, 2);
+    b.poll(&mut SyncState::default()).await;
+    let r = b
+        .reserve(&key("r", None), ASK, noon())
+        .await
+        .unwrap()
+        .unwrap();
+    b.settle(r, 0, 0, false).await;
+    assert!(b.flush_refunds().await);
+    let starts = super::window::Windows::at(noon()).starts;
+    let kind = Kind::RequestsPerDay;
+    let requests = super::shared::counter_key(super::Who::Key("r"), kind, kind.start(&starts));
+    assert_eq!(counter(url, &requests).await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flusher_sends_a_refund_within_its_period_and_a_stop_sends_what_is_left() {
+    let Some(redis) = testkit::redis::RedisServer::start_own_or_skip() else {
+        return;
+    };
+    let store = Arc::new(Store::default());
+    store.set(Subject::Key("k".into()), per_day(1_000_000), 1);
+    let b = Arc::new(shared_budgets(&store, redis.url()).await);
+    b.start_flusher();
+    let (url, caller, day) = (redis.url(), key("k", None), day_counter("k"));
+    let r = b.reserve(&caller, ASK, noon()).await.unwrap().unwrap();
+    let settled = std::time::Instant::now();
+    b.settle(r, 10, 0, true).await;
+    while counter(url, &day).await != Some(10) {
+        assert!(
+            settled.elapsed().as_secs() < 10,
+            "the refund never reached Redis"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let took = settled.elapsed();
+    eprintln!("a refund reached Redis {took:?} after its settlement");
+    // Its period, with room for a loaded test machine; never the request's to wait for.
+    assert!(took < super::shared::PERIOD * 10, "{took:?}");
+    // A stop: what was settled last is in Redis when the final flush returns.
+    let r = b.reserve(&caller, ASK, noon()).await.unwrap().unwrap();
+    b.settle(r, 5, 0, true).await;
+    let stopping = b.clone();
+    let sent = tokio::task::spawn_blocking(move || {
+        stopping.final_flush(std::time::Duration::from_secs(10))
+    })
+    .await
+    .unwrap();
+    assert!(sent);
+    assert_eq!(counter(url, &day).await, Some(15));
 }
 
 #[tokio::test]
