@@ -33,7 +33,7 @@ use redis::Script;
 use super::window::{Kind, Windows};
 use super::Who;
 use crate::limits::{escape_id, SharedRedis};
-use crate::observe::thread_shards;
+use crate::observe::thread_shards::{self, Padded};
 
 /// How often pending refunds are sent. Short enough that a refund reaches the fleet well
 /// within the second a budget change takes (and that a caller near its limit is refused early
@@ -135,7 +135,7 @@ pub(crate) struct Shared {
 /// Refunds not yet sent, per counter key: one map per worker thread (`thread_shards`), each
 /// behind a lock that only its thread and the flusher take.
 struct Pending {
-    shards: Box<[Mutex<HashMap<String, i64>>]>,
+    shards: Box<[Padded<Mutex<HashMap<String, i64>>>]>,
     /// Wakes the flusher when a thread's batch is large.
     large: tokio::sync::Notify,
     /// ADJUST calls the flusher made (tests).
@@ -146,7 +146,7 @@ impl Pending {
     fn new() -> Pending {
         Pending {
             shards: (0..thread_shards::SHARDS)
-                .map(|_| Mutex::new(HashMap::new()))
+                .map(|_| Padded(Mutex::new(HashMap::new())))
                 .collect(),
             large: tokio::sync::Notify::new(),
             sent: AtomicU64::new(0),
