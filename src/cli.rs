@@ -296,7 +296,7 @@ fn record_event(config: &std::path::Path, event: KeyEventFields<'_>) {
     // Every line has an id, so tools that index the log by it take these too.
     let request_id = crate::proxy::RequestId::from_client_or_new(None);
     let line = Record {
-        time: crate::time::rfc3339_millis(std::time::SystemTime::now()),
+        time: crate::observe::access_log::Time(std::time::SystemTime::now()),
         request_id: request_id.as_str(),
         service: "_cli",
         principal_kind: Some("cli"),

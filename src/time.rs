@@ -44,12 +44,41 @@ pub(crate) fn rfc3339(secs: i64) -> String {
     format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
 }
 
-/// `2026-01-05T10:11:12.345Z`: one formatting pass, since the access log calls it per request.
-pub(crate) fn rfc3339_millis(t: SystemTime) -> String {
+/// Room for `rfc3339_millis_into` of any `SystemTime`: a year of up to 20 digits.
+pub(crate) const RFC3339_MILLIS_MAX: usize = 40;
+
+/// `2026-01-05T10:11:12.345Z` written into `buf`, for the access log, which writes one per
+/// request: digits put in place, no allocation and no formatting machinery for a four-digit
+/// year.
+pub(crate) fn rfc3339_millis_into(t: SystemTime, buf: &mut [u8; RFC3339_MILLIS_MAX]) -> &str {
     let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let (y, mo, d, h, mi, s) = civil(since.as_secs() as i64);
-    let ms = since.subsec_millis();
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{ms:03}Z")
+    let ms = i64::from(since.subsec_millis());
+    let len = if (0..=9999).contains(&y) {
+        let mut at = 0;
+        let mut put = |n: i64, width: usize, then: u8| {
+            for i in (0..width).rev() {
+                buf[at + i] = b'0' + (n / 10_i64.pow((width - 1 - i) as u32) % 10) as u8;
+            }
+            buf[at + width] = then;
+            at += width + 1;
+        };
+        put(y, 4, b'-');
+        put(mo, 2, b'-');
+        put(d, 2, b'T');
+        put(h, 2, b':');
+        put(mi, 2, b':');
+        put(s, 2, b'.');
+        put(ms, 3, b'Z');
+        at
+    } else {
+        use std::io::Write;
+        let mut out = std::io::Cursor::new(&mut buf[..]);
+        // 20 digits and 20 more characters fit.
+        let _ = write!(out, "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{ms:03}Z");
+        out.position() as usize
+    };
+    std::str::from_utf8(&buf[..len]).unwrap_or_default()
 }
 
 /// Year, month, day, hour, minute, second (Howard Hinnant's civil-from-days).
@@ -202,6 +231,11 @@ mod tests {
         );
     }
 
+    fn rfc3339_millis(t: SystemTime) -> String {
+        let mut buf = [0; RFC3339_MILLIS_MAX];
+        rfc3339_millis_into(t, &mut buf).to_string()
+    }
+
     #[test]
     fn formats_utc_times() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
@@ -209,6 +243,14 @@ mod tests {
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         let t = UNIX_EPOCH + Duration::from_millis(1_795_000_000_042);
         assert_eq!(rfc3339_millis(t), "2026-11-18T11:06:40.042Z");
+        assert_eq!(rfc3339_millis(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let t = UNIX_EPOCH + Duration::from_millis(253_402_300_799_999);
+        assert_eq!(rfc3339_millis(t), "9999-12-31T23:59:59.999Z");
+        let t = UNIX_EPOCH + Duration::from_millis(253_402_300_800_007);
+        assert_eq!(rfc3339_millis(t), "10000-01-01T00:00:00.007Z");
+        let t = UNIX_EPOCH + Duration::from_secs(i64::MAX as u64 / 2);
+        let far = rfc3339_millis(t);
+        assert!(far.len() > 24 && far.ends_with(".000Z"), "{far}");
     }
 
     #[test]

@@ -9,8 +9,7 @@ use pingora::protocols::http::ServerSession;
 use super::{KeyEvent, SERVICE_LABEL};
 use crate::auth::{AuthFailure, Principal};
 use crate::errors::GatewayError;
-use crate::observe::access_log::{millis, path_only, HttpFields, KeyEventFields, Record};
-use crate::time::rfc3339_millis;
+use crate::observe::access_log::{millis, path_only, HttpFields, KeyEventFields, Record, Time};
 
 /// Bodies on the admin listener are a name and a few scopes: anything larger is not ours.
 pub(crate) const MAX_BODY: usize = 16 * 1024;
@@ -201,19 +200,19 @@ pub(crate) async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Re
     }
 }
 
-pub(crate) fn log_line(
-    session: &ServerSession,
-    request_id: &str,
+pub(crate) fn log_line<'a>(
+    session: &'a ServerSession,
+    request_id: &'a str,
     status: u16,
     start: Instant,
-    principal: Option<&Principal>,
+    principal: Option<&'a Principal>,
     auth_failure: Option<AuthFailure>,
-    event: Option<&KeyEvent>,
-) -> Vec<u8> {
+    event: Option<&'a KeyEvent>,
+) -> Record<'a> {
     let elapsed = start.elapsed();
     let req = session.req_header();
     Record {
-        time: rfc3339_millis(SystemTime::now() - elapsed),
+        time: Time(SystemTime::now() - elapsed),
         request_id,
         service: SERVICE_LABEL,
         principal_kind: principal.map(|p| p.kind.as_str()),
@@ -239,5 +238,4 @@ pub(crate) fn log_line(
             budget: e.budget,
         }),
     }
-    .to_line()
 }

@@ -232,7 +232,7 @@ pub fn access_log_json(data: &[u8]) {
     let path = path_only(data);
     let id = String::from_utf8_lossy(&data[..data.len().min(16)]);
     let entry = Record {
-        time: "2026-01-01T00:00:00.000Z".into(),
+        time: crate::observe::access_log::Time(std::time::SystemTime::now()),
         request_id: &id,
         service: "_unknown",
         principal_kind: None,
@@ -259,7 +259,7 @@ pub fn access_log_json(data: &[u8]) {
             replica: Some(&id),
             affinity: Some("hit"),
             translated: Some("messages>chat"),
-            cost: Some(serde_json::Value::Null),
+            cost: Some(None),
         }),
         key_event: None,
     };

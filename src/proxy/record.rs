@@ -8,24 +8,22 @@ use pingora::{Error, ErrorSource, ErrorType};
 
 use super::{answers, price, Gateway, RequestCtx};
 use crate::metering::{Charge, Cost};
-use crate::observe::access_log::{millis, path_only, HttpFields, ProxiedFields, Record};
-use crate::store::{amount_json, Unit};
-use crate::time::rfc3339_millis;
+use crate::observe::access_log::{millis, path_only, HttpFields, ProxiedFields, Record, Time};
 
 /// The access-log line of a finished request; `service` is its bounded metrics label.
-fn access_line(
-    session: &Session,
-    ctx: &RequestCtx,
-    service: &str,
+fn access_line<'a>(
+    session: &'a Session,
+    ctx: &'a RequestCtx,
+    service: &'a str,
     status: u16,
-    replica: Option<&str>,
-) -> Vec<u8> {
+    replica: Option<&'a str>,
+) -> Record<'a> {
     let req = session.req_header();
     let elapsed = ctx.start.elapsed();
     let charged = ctx.exchange().and_then(|x| x.charged());
     let usage = charged.map(|c| c.usage);
     Record {
-        time: rfc3339_millis(SystemTime::now() - elapsed),
+        time: Time(SystemTime::now() - elapsed),
         request_id: ctx.request_id.as_str(),
         service,
         principal_kind: ctx.principal.as_ref().map(|p| p.kind.as_str()),
@@ -68,13 +66,12 @@ fn access_line(
                 .map(|p| p.name()),
             cost: ctx.cost.and_then(|cost| match cost {
                 Cost::NoTable => None,
-                Cost::Unpriced => Some(serde_json::Value::Null),
-                Cost::Micros(n) => Some(amount_json(Unit::Cost, n)),
+                Cost::Unpriced => Some(None),
+                Cost::Micros(n) => Some(Some(crate::pricing::money::units(n))),
             }),
         }),
         key_event: None,
     }
-    .to_line()
 }
 
 /// What the ledger charges for a finished request: every request of an authenticated caller
@@ -192,7 +189,7 @@ pub(super) fn access_log(gw: &Gateway, session: &Session, status: u16, ctx: &Req
         .zip(ctx.replica.as_ref())
         .map(|(route, chosen)| route.replicas.label(chosen.index));
     let line = access_line(session, ctx, gw.service_label(ctx), status, replica);
-    if !gw.access_log.send(line) {
+    if !gw.access_log.log(&line) {
         gw.metrics.access_log_dropped();
     }
 }

@@ -5,5 +5,7 @@
 mod record;
 mod writer;
 
-pub(crate) use record::{millis, path_only, HttpFields, KeyEventFields, ProxiedFields, Record};
+pub(crate) use record::{
+    millis, path_only, HttpFields, KeyEventFields, ProxiedFields, Record, Time,
+};
 pub(crate) use writer::{open, AccessLog};

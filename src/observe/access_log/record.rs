@@ -6,9 +6,9 @@
 
 use std::borrow::Cow;
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use crate::store::Budget;
 
@@ -20,7 +20,7 @@ const MAX_PATH: usize = 2048;
 #[derive(Serialize)]
 pub(crate) struct Record<'a> {
     /// When the request started: RFC 3339, UTC, milliseconds.
-    pub time: String,
+    pub time: Time,
     pub request_id: &'a str,
     /// The bounded metrics label: a registered service, `_local`, `_unknown`, `_admin`, `_cli`.
     pub service: &'a str,
@@ -80,7 +80,7 @@ pub(crate) struct ProxiedFields<'a> {
     /// With `[pricing]`, on a request the ledger charges: what it cost in the table's
     /// currency, `null` when unpriced; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cost: Option<serde_json::Value>,
+    pub cost: Option<Option<serde_json::Number>>,
 }
 
 /// A key created or revoked, or a budget changed, through the key API or the CLI.
@@ -120,14 +120,32 @@ impl<'a> KeyEventFields<'a> {
     }
 }
 
+/// A line's time, written as `rfc3339_millis` straight into the line.
+#[derive(Clone, Copy)]
+pub(crate) struct Time(pub SystemTime);
+
+impl Serialize for Time {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut buf = [0; crate::time::RFC3339_MILLIS_MAX];
+        s.serialize_str(crate::time::rfc3339_millis_into(self.0, &mut buf))
+    }
+}
+
 impl Record<'_> {
     /// The JSON line, newline included. serde_json escapes whatever odd bytes a path held.
     pub(crate) fn to_line(&self) -> Vec<u8> {
         let mut line = Vec::with_capacity(384);
-        // Serialising plain fields into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut line, self);
-        line.push(b'\n');
+        self.write_line(&mut line);
         line
+    }
+
+    /// The line appended to `out`, newline included: what the access log's per-thread buffer
+    /// takes, with no allocation but the buffer's own growth (every field is borrowed, the
+    /// time written from the stack, numbers by serde_json's own formatting).
+    pub(crate) fn write_line(&self, out: &mut Vec<u8>) {
+        // Serialising plain fields into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, self);
+        out.push(b'\n');
     }
 }
 
@@ -171,10 +189,87 @@ mod tests {
         assert!(cut.len() <= MAX_PATH && cut.chars().all(|c| c == 'é'));
     }
 
+    /// A data-plane line with every group, odd bytes in its path, a query cut off.
+    fn proxied<'a>(path: Cow<'a, str>, cost: Option<Option<serde_json::Number>>) -> Record<'a> {
+        Record {
+            time: Time(std::time::UNIX_EPOCH + Duration::from_millis(1_795_000_000_042)),
+            request_id: "r-1",
+            service: "infer",
+            principal_kind: Some("api_key"),
+            principal_id: Some("k1"),
+            http: Some(HttpFields {
+                method: "POST",
+                path,
+                status: 200,
+                duration_ms: millis(Duration::from_micros(12_345)),
+                client: Some("::1".parse().unwrap()),
+                auth_failure: None,
+            }),
+            proxied: Some(ProxiedFields {
+                upstream_ttfb_ms: Some(1.5),
+                bytes_in: 10,
+                bytes_out: 0,
+                model: Some("gpt"),
+                prompt_tokens: Some(3),
+                completion_tokens: None,
+                reasoning_tokens: None,
+                cached_tokens: Some(0),
+                usage_estimated: false,
+                owner: Some("alice"),
+                replica: None,
+                affinity: Some("hit"),
+                translated: None,
+                cost,
+            }),
+            key_event: None,
+        }
+    }
+
+    /// The bytes the lines had when each was a `String` time and a `serde_json::Value` cost,
+    /// serialised into a fresh Vec: the same now, written into a buffer.
+    #[test]
+    fn lines_are_written_byte_for_byte_as_before() {
+        let path = path_only(b"/v1/a\"b\\c\x01\xff\xc3\xa9?key=secret");
+        let head = concat!(
+            r#"{"time":"2026-11-18T11:06:40.042Z","request_id":"r-1","service":"infer","#,
+            r#""principal_kind":"api_key","principal_id":"k1","method":"POST","#,
+            r#""path":"/v1/a\"b\\c\u0001"#,
+            "\u{fffd}\u{e9}",
+            r#"","status":200,"duration_ms":12.345,"#,
+            r#""client":"::1","auth_failure":null,"upstream_ttfb_ms":1.5,"bytes_in":10,"#,
+            r#""bytes_out":0,"model":"gpt","prompt_tokens":3,"completion_tokens":null,"#,
+            r#""reasoning_tokens":null,"cached_tokens":0,"usage_estimated":false,"#,
+            r#""owner":"alice","replica":null,"affinity":"hit""#,
+        );
+        let units = crate::pricing::money::units;
+        for (cost, tail) in [
+            (None, "}"),
+            (Some(None), r#","cost":null}"#),
+            (Some(Some(units(1_500_000))), r#","cost":1.5}"#),
+            (Some(Some(units(2_000_000))), r#","cost":2}"#),
+            (Some(Some(units(1))), r#","cost":1e-6}"#),
+        ] {
+            // What the `serde_json::Value` of before wrote for the cost.
+            if let Some(c) = &cost {
+                let before = match c {
+                    None => serde_json::Value::Null,
+                    Some(n) => serde_json::Value::Number(n.clone()),
+                };
+                assert!(tail.contains(&format!(r#""cost":{before}"#)), "{tail}");
+            }
+            let line = proxied(path.clone(), cost).to_line();
+            assert_eq!(String::from_utf8(line).unwrap(), format!("{head}{tail}\n"));
+        }
+        // Appended to what a buffer holds already, as the access log's buffers take lines.
+        let mut buf = b"x\n".to_vec();
+        proxied(path.clone(), None).write_line(&mut buf);
+        assert_eq!(buf, [&b"x\n"[..], head.as_bytes(), b"}\n"].concat());
+    }
+
     #[test]
     fn groups_that_do_not_apply_are_left_out_and_unknown_fields_are_null() {
         let line = Record {
-            time: "t".into(),
+            time: Time(std::time::UNIX_EPOCH),
             request_id: "r",
             service: "_cli",
             principal_kind: Some("cli"),
@@ -206,7 +301,7 @@ mod tests {
     fn budget_events_name_the_key_or_the_owner_and_the_budget_or_null() {
         let line = |fields: KeyEventFields| {
             let line = Record {
-                time: "t".into(),
+                time: Time(std::time::UNIX_EPOCH),
                 request_id: "r",
                 service: "_admin",
                 principal_kind: Some("jwt"),
