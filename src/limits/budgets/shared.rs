@@ -132,10 +132,13 @@ pub(crate) struct Shared {
     pub(super) now: Mutex<Option<tokio::sync::mpsc::UnboundedSender<mpsc::Sender<bool>>>>,
 }
 
+/// One thread's refunds not yet sent: the sum per counter key.
+type Batch = HashMap<String, i64>;
+
 /// Refunds not yet sent, per counter key: one map per worker thread (`thread_shards`), each
 /// behind a lock that only its thread and the flusher take.
 struct Pending {
-    shards: Box<[Padded<Mutex<HashMap<String, i64>>>]>,
+    shards: Box<[Padded<Mutex<Batch>>]>,
     /// Wakes the flusher when a thread's batch is large.
     large: tokio::sync::Notify,
     /// ADJUST calls the flusher made (tests).
