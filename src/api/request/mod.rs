@@ -13,10 +13,7 @@ use serde_json::value::RawValue;
 
 use super::Endpoint;
 
-mod plain;
 pub(crate) mod shapes;
-
-use plain::plain;
 
 use shapes::Stream;
 
@@ -65,11 +62,6 @@ impl Scanned<'_> {
 }
 
 /// Checks `body` and returns what it holds.
-///
-/// Two passes at most: the quick one skips the values nobody inspects without unescaping
-/// their strings ([`Skip`]); a body it cannot clear is read again exactly as serde_json
-/// parses it, and that reading decides, so every refusal (and its line and column) is the
-/// exact pass's.
 pub(crate) fn scan(endpoint: Endpoint, body: &[u8]) -> Result<Scanned<'_>, BodyError> {
     // serde_json skips the strings it ignores without checking their UTF-8, so check it all
     // first (fast, and `from_str` then skips the per-string check).
@@ -77,14 +69,6 @@ pub(crate) fn scan(endpoint: Endpoint, body: &[u8]) -> Result<Scanned<'_>, BodyE
         let (line, column) = position(body, e.valid_up_to());
         not_json(line, column)
     })?;
-    read(endpoint, text).or_else(|_| {
-        let _exact = Exact::enter();
-        read(endpoint, text)
-    })
-}
-
-/// One pass over a body already found to be UTF-8.
-fn read(endpoint: Endpoint, text: &str) -> Result<Scanned<'_>, BodyError> {
     let problem = Problem::default();
     let mut de = serde_json::Deserializer::from_str(text);
     let top = Check(Top {
@@ -100,27 +84,6 @@ fn read(endpoint: Endpoint, text: &str) -> Result<Scanned<'_>, BodyError> {
         let shape = problem.0.take();
         shape.unwrap_or_else(|| not_json(e.line(), e.column()))
     })
-}
-
-thread_local! {
-    /// Whether this thread's [`Skip`] reads values as serde_json parses them (the exact pass).
-    static EXACT: Cell<bool> = const { Cell::new(false) };
-}
-
-/// The exact pass, for as long as it lives.
-struct Exact;
-
-impl Exact {
-    fn enter() -> Exact {
-        EXACT.with(|exact| exact.set(true));
-        Exact
-    }
-}
-
-impl Drop for Exact {
-    fn drop(&mut self) {
-        EXACT.with(|exact| exact.set(false));
-    }
 }
 
 fn not_json(line: usize, column: usize) -> BodyError {
@@ -264,29 +227,16 @@ impl<'de, S: Shape<'de>> Visitor<'de> for Check<S> {
     }
 }
 
-/// Skips a value nobody inspects, refusing what serde_json's parse refuses.
-///
-/// The quick way: serde_json's `ignore_value` (through a borrowed `RawValue`), which checks
-/// the syntax, escapes included, without unescaping the strings into its scratch buffer; then
-/// [`plain`] checks what `ignore_value` lets through and the parse does not (nesting, lone
-/// surrogates, numbers too large for f64). A value it cannot clear stops the quick pass and
-/// the exact one decides. The exact way, `deserialize_any`, is how every value used to be
-/// skipped: not `IgnoredAny`, which serde_json skips without any depth limit, so a body
-/// nested too deep would pass; through `deserialize_any` its nesting limit (128) holds.
+/// Skips a value nobody inspects. Not `IgnoredAny`: serde_json skips that one without any
+/// depth limit, so a body nested too deep would pass; through `deserialize_any` its nesting
+/// limit (128) holds everywhere. Strings are still borrowed, never copied into a String.
 pub(crate) struct Skip;
 
 impl<'de> DeserializeSeed<'de> for Skip {
     type Value = ();
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        if EXACT.with(Cell::get) {
-            return deserializer.deserialize_any(self);
-        }
-        let raw = <&'de RawValue as de::Deserialize>::deserialize(deserializer)?;
-        match plain(raw.get().as_bytes()) {
-            true => Ok(()),
-            false => Err(de::Error::custom("for the exact pass")),
-        }
+        deserializer.deserialize_any(self)
     }
 }
 
@@ -475,170 +425,4 @@ fn model_of(token: &str) -> Option<Model<'_>> {
         token,
         name: Some(name),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The exact pass alone: how every body was read before the quick one.
-    fn exact(endpoint: Endpoint, body: &[u8]) -> Result<String, String> {
-        let text = std::str::from_utf8(body).map_err(|_| "not UTF-8".to_string())?;
-        let _exact = Exact::enter();
-        let found = read(endpoint, text);
-        found.map(|s| format!("{s:?}")).map_err(|e| e.to_string())
-    }
-
-    /// What `scan` says, asserted the same as the exact pass.
-    fn scanned(endpoint: Endpoint, body: &[u8]) -> Result<String, String> {
-        let found = scan(endpoint, body);
-        let found = found.map(|s| format!("{s:?}")).map_err(|e| e.to_string());
-        if std::str::from_utf8(body).is_ok() {
-            assert_eq!(
-                found,
-                exact(endpoint, body),
-                "{}",
-                String::from_utf8_lossy(body)
-            );
-        }
-        found
-    }
-
-    /// Whether the quick pass clears the body by itself.
-    fn quick(endpoint: Endpoint, body: &str) -> bool {
-        read(endpoint, body).is_ok()
-    }
-
-    /// Responses bodies with `value` skipped at the top and inside an input item, and
-    /// Messages bodies with it inside a content block.
-    fn bodies(value: &str) -> [(Endpoint, String); 3] {
-        [
-            (
-                Endpoint::Responses,
-                format!(r#"{{"model":"m","input":"hi","metadata":{value}}}"#),
-            ),
-            (
-                Endpoint::Responses,
-                format!(r#"{{"input":[{{"type":"message","content":{value}}}]}}"#),
-            ),
-            (
-                Endpoint::Messages,
-                format!(
-                    r#"{{"max_tokens":1,"messages":[{{"role":"user","content":[{{"type":"text","text":{value}}}]}}]}}"#
-                ),
-            ),
-        ]
-    }
-
-    fn accepted_quickly(value: &str) {
-        for (endpoint, body) in bodies(value) {
-            assert!(scanned(endpoint, body.as_bytes()).is_ok(), "{body}");
-            assert!(quick(endpoint, &body), "{body}");
-        }
-    }
-
-    fn refused(value: &str) {
-        for (endpoint, body) in bodies(value) {
-            let found = scanned(endpoint, body.as_bytes());
-            let message = found.expect_err(&body);
-            assert!(
-                message.starts_with("body is not valid JSON"),
-                "{body}: {message}"
-            );
-        }
-    }
-
-    #[test]
-    fn nesting_is_refused_at_the_depth_it_was() {
-        for (endpoint, body) in bodies("[]") {
-            // The depth where serde_json's parse of the whole body gives up.
-            let mut limit = None;
-            for depth in 100..140 {
-                let deep =
-                    body.replace("[]", &format!("{}{}", "[".repeat(depth), "]".repeat(depth)));
-                let parsed = serde_json::from_str::<serde_json::Value>(&deep).is_ok();
-                assert_eq!(
-                    scanned(endpoint, deep.as_bytes()).is_ok(),
-                    parsed,
-                    "{depth}"
-                );
-                if !parsed && limit.is_none() {
-                    limit = Some(depth);
-                }
-            }
-            assert!(limit.is_some(), "{body}");
-        }
-        // Deeper than the quick pass clears, shallower than the limit: the exact pass takes it.
-        let value = format!("{}{}", "[".repeat(80), "]".repeat(80));
-        for (endpoint, body) in bodies(&value) {
-            assert!(!quick(endpoint, &body));
-            assert!(scanned(endpoint, body.as_bytes()).is_ok());
-        }
-    }
-
-    #[test]
-    fn strings_are_checked_without_being_unescaped() {
-        for valid in [
-            r#""plain""#,
-            r#""\" \\ \/ \b \f \n \r \t""#,
-            r#""\u00fc\u20AC""#,
-            r#""\uD83D\uDE00""#,
-            r#""\\uD800""#,
-            r#"{"\uD83D\uDE00":"ü"}"#,
-        ] {
-            accepted_quickly(valid);
-        }
-        for invalid in [
-            r#""\x""#,
-            r#""\u12G4""#,
-            r#""\u12""#,
-            r#""\uD800""#,
-            r#""\uDC00""#,
-            r#""\uD800\u0041""#,
-            r#""\uD800\n""#,
-            r#""\uDE00\uD83D""#,
-            r#"{"\uD800":1}"#,
-            "\"tab\there\"",
-            "\"new\nline\"",
-            r#""unterminated"#,
-        ] {
-            refused(invalid);
-        }
-    }
-
-    #[test]
-    fn invalid_utf8_in_a_skipped_string_is_refused_as_before() {
-        let body = b"{\"model\":\"m\",\"input\":\"hi\",\"metadata\":\"\xff\xfe\"}";
-        assert_eq!(
-            scanned(Endpoint::Responses, body),
-            Err("body is not valid JSON (line 1, column 39)".to_string())
-        );
-        let body = b"{\"input\":[{\"type\":\"message\",\"content\":\"ok \xc3\"}]}";
-        assert!(scanned(Endpoint::Responses, body).is_err());
-    }
-
-    #[test]
-    fn numbers_and_literals_are_checked() {
-        for valid in [
-            "0", "-0", "12", "-1.5E+3", "1e-999", "1e300", "true", "false", "null",
-        ] {
-            accepted_quickly(valid);
-        }
-        accepted_quickly(&"9".repeat(100));
-        // Finite, but not cleared quickly: the exact pass accepts them.
-        for (endpoint, body) in bodies("1.5e308")
-            .into_iter()
-            .chain(bodies(&"9".repeat(308)))
-        {
-            assert!(!quick(endpoint, &body));
-            assert!(scanned(endpoint, body.as_bytes()).is_ok());
-        }
-        for invalid in [
-            "01", "1.", ".5", "-", "+1", "1e", "1e+", "0x10", "1e309", "-1e400", "tru", "nul",
-            "True", "NaN",
-        ] {
-            refused(invalid);
-        }
-        refused(&"9".repeat(400));
-    }
 }
