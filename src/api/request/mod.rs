@@ -426,3 +426,128 @@ fn model_of(token: &str) -> Option<Model<'_>> {
         name: Some(name),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    //! What skipped values are refused for: serde_json's parse, wherever the value is.
+    use super::*;
+
+    fn scanned(endpoint: Endpoint, body: &[u8]) -> Result<String, String> {
+        let found = scan(endpoint, body);
+        found.map(|s| format!("{s:?}")).map_err(|e| e.to_string())
+    }
+
+    /// Responses bodies with `value` skipped at the top and inside an input item, and a
+    /// Messages body with it inside a content block.
+    fn bodies(value: &str) -> [(Endpoint, String); 3] {
+        [
+            (
+                Endpoint::Responses,
+                format!(r#"{{"model":"m","input":"hi","metadata":{value}}}"#),
+            ),
+            (
+                Endpoint::Responses,
+                format!(r#"{{"input":[{{"type":"message","content":{value}}}]}}"#),
+            ),
+            (
+                Endpoint::Messages,
+                format!(
+                    r#"{{"max_tokens":1,"messages":[{{"role":"user","content":[{{"type":"text","text":{value}}}]}}]}}"#
+                ),
+            ),
+        ]
+    }
+
+    fn accepted(value: &str) {
+        for (endpoint, body) in bodies(value) {
+            assert!(scanned(endpoint, body.as_bytes()).is_ok(), "{body}");
+        }
+    }
+
+    fn refused(value: &str) {
+        for (endpoint, body) in bodies(value) {
+            let message = scanned(endpoint, body.as_bytes()).expect_err(&body);
+            assert!(
+                message.starts_with("body is not valid JSON"),
+                "{body}: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn nesting_is_refused_where_serde_json_refuses_it() {
+        for (endpoint, body) in bodies("[]") {
+            let mut refused = false;
+            for depth in 100..140 {
+                let value = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+                let deep = body.replace("[]", &value);
+                let parsed = serde_json::from_str::<serde_json::Value>(&deep).is_ok();
+                assert_eq!(
+                    scanned(endpoint, deep.as_bytes()).is_ok(),
+                    parsed,
+                    "{depth}"
+                );
+                refused |= !parsed;
+            }
+            assert!(refused, "{body}");
+        }
+    }
+
+    #[test]
+    fn skipped_strings_are_checked() {
+        for valid in [
+            r#""plain""#,
+            r#""\" \\ \/ \b \f \n \r \t""#,
+            r#""\u00fc\u20AC""#,
+            r#""\uD83D\uDE00""#,
+            r#""\\uD800""#,
+            r#"{"\uD83D\uDE00":"ü"}"#,
+        ] {
+            accepted(valid);
+        }
+        for invalid in [
+            r#""\x""#,
+            r#""\u12G4""#,
+            r#""\u12""#,
+            r#""\uD800""#,
+            r#""\uDC00""#,
+            r#""\uD800\u0041""#,
+            r#""\uD800\n""#,
+            r#""\uDE00\uD83D""#,
+            r#"{"\uD800":1}"#,
+            "\"tab\there\"",
+            "\"new\nline\"",
+            r#""unterminated"#,
+        ] {
+            refused(invalid);
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_in_a_skipped_string_is_refused() {
+        let body = b"{\"model\":\"m\",\"input\":\"hi\",\"metadata\":\"\xff\xfe\"}";
+        assert_eq!(
+            scanned(Endpoint::Responses, body),
+            Err("body is not valid JSON (line 1, column 39)".to_string())
+        );
+        let body = b"{\"input\":[{\"type\":\"message\",\"content\":\"ok \xc3\"}]}";
+        assert!(scanned(Endpoint::Responses, body).is_err());
+    }
+
+    #[test]
+    fn skipped_numbers_and_literals_are_checked() {
+        for valid in [
+            "0", "-0", "12", "-1.5E+3", "1e-999", "1.5e308", "true", "false", "null",
+        ] {
+            accepted(valid);
+        }
+        accepted(&"9".repeat(308));
+        for invalid in [
+            "01", "1.", ".5", "-", "+1", "1e", "1e+", "0x10", "1e309", "-1e400", "tru", "nul",
+            "True", "NaN",
+        ] {
+            refused(invalid);
+        }
+        refused(&"9".repeat(400));
+    }
+}
