@@ -24,7 +24,8 @@ a Messages client (`translate = { messages = "chat" }`) and a Responses one (`{ 
 "chat" }`): ir_translate_chat, ir_translate_messages, ir_translate_responses, and their ratios
 to the passed-through stream, translate_ratio_messages and translate_ratio_responses (target ≤ 1.25).
 Either way it keeps the raw profiles under $OUT (default bench-results/callgrind/) for
-callgrind_annotate. Knobs: CG_REQUESTS (2000), CG_WARMUP (300); BIN, EX, FLOOR and CONFIG_BIN
+callgrind_annotate. Knobs: CG_REQUESTS (2000), CG_WARMUP (300), CG_ACCESS_LOG (off; "file"
+writes the access log to a file, to count what a line costs); BIN, EX, FLOOR and CONFIG_BIN
 (the test kit's gateway-config, which writes the gateway's TOML) to reuse binaries already built
 (otherwise it builds them). The load benchmark (run.py) uses measure() and create_key().
 """
@@ -229,7 +230,7 @@ class Session:
         """configs.callgrind: `infer` alone; `metered`: and the service `metered`; `redis_port`:
         with [budgets] and [rate_limits] on that Redis; `bridge`: and the translated services."""
         return configs.callgrind(self.tools.config_writer, self.work, gw_port, free_port(), up_port,
-                                 metered, redis_port, bridge)
+                                 metered, redis_port, bridge, os.environ.get("CG_ACCESS_LOG", "off"))
 
     def drive(self, port, count, service="infer", body=BODY, key=None, path=None):
         """count sequential chat POSTs through port (by the session's key unless `key`; to

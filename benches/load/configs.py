@@ -48,11 +48,13 @@ def gateway(writer, w, gw_port, metrics_port, up_port, dead_port, redis_port, is
     return gateway_config.render(description, writer)
 
 
-def callgrind(writer, w, gw_port, metrics_port, up_port, metered=False, redis_port=None, bridge=False):
+def callgrind(writer, w, gw_port, metrics_port, up_port, metered=False, redis_port=None, bridge=False,
+              access_log="off"):
     """callgrind.py's gateway: `infer` alone, access log off; `metered`: and the service `metered`
     (api = "openai"); `redis_port`: with [budgets] and [rate_limits] on that Redis; `bridge`: and
     the translated services `bridge_messages` (messages = "chat") and `bridge_responses`
-    (responses = "chat") on the same upstream."""
+    (responses = "chat") on the same upstream; `access_log` "file": the access log to
+    <w>/access.log."""
     up = f"http://127.0.0.1:{up_port}"
     services = [{"name": "infer", "upstream": up}]
     if metered:
@@ -66,6 +68,8 @@ def callgrind(writer, w, gw_port, metrics_port, up_port, metered=False, redis_po
         ]
     description = {"dir": str(w), "port": gw_port, "metrics_port": metrics_port, "server": {"threads": 1},
                    "access_log": {"destination": "off"}, "services": services}
+    if access_log == "file":
+        description["access_log"] = {"destination": str(w / "access.log")}
     if redis_port:
         description.update(budgets={}, rate_limits={"redis": f"redis://127.0.0.1:{redis_port}"})
     return gateway_config.render(description, writer)
