@@ -4,6 +4,7 @@
 
 pub(crate) mod api_keys;
 pub(crate) mod jwt;
+mod thread_copies;
 pub(crate) mod token;
 
 use std::sync::Arc;

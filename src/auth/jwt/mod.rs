@@ -16,6 +16,7 @@ use moka::future::Cache;
 use moka::Expiry;
 use sha2::{Digest, Sha256};
 
+use super::thread_copies::ThreadCopies;
 use super::token::MAX_TOKEN_LEN;
 use super::{Principal, PrincipalKind};
 use crate::config::JwtSettings;
@@ -50,6 +51,8 @@ pub struct JwtVerifier {
     refetch: tokio::sync::Mutex<Option<Instant>>,
     /// Keyed by SHA-256 of the whole token: the token itself is never kept.
     cache: Cache<[u8; 32], Verified>,
+    /// Each worker thread's copies of the principals it verified lately, in front of `cache`.
+    copies: ThreadCopies<Verified>,
     /// `portcullis_jwks_fetches_total{result}`, when metrics are on.
     fetches: Option<prometheus::IntCounterVec>,
 }
@@ -58,6 +61,18 @@ pub struct JwtVerifier {
 struct Verified {
     principal: Arc<Principal>,
     exp: i64,
+    /// Before it went into the cache, whose entry lives at most `MAX_CACHE_TTL` from then.
+    checked: Instant,
+}
+
+impl Verified {
+    /// A copy for one thread, sharing nothing written per request with the original.
+    fn copy(&self) -> Verified {
+        Verified {
+            principal: Arc::new(Principal::clone(&self.principal)),
+            ..*self
+        }
+    }
 }
 
 struct UntilExp;
@@ -103,6 +118,7 @@ impl JwtVerifier {
                 .max_capacity(CACHE_CAPACITY)
                 .expire_after(UntilExp)
                 .build(),
+            copies: ThreadCopies::new(),
             fetches: None,
         })
     }
@@ -168,19 +184,26 @@ impl JwtVerifier {
             return None;
         }
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        if let Some(mine) = self.copies.get(&digest) {
+            if unix_now() < mine.exp {
+                return Some(mine.principal);
+            }
+        }
+        let epoch = self.copies.epoch();
         if let Some(hit) = self.cache.get(&digest).await {
             // The entry expires at `exp`, but eviction is lazy: check again.
             if unix_now() < hit.exp {
-                return Some(hit.principal);
+                return Some(self.keep_copy(digest, &hit, epoch));
             }
             self.cache.invalidate(&digest).await;
         }
         match self.check(token).await {
             Ok(verified) => {
-                let principal = verified.principal.clone();
-                if !time_left(verified.exp).is_zero() {
-                    self.cache.insert(digest, verified).await;
+                if time_left(verified.exp).is_zero() {
+                    return Some(verified.principal);
                 }
+                let principal = self.keep_copy(digest, &verified, epoch);
+                self.cache.insert(digest, verified).await;
                 Some(principal)
             }
             Err(reason) => {
@@ -188,6 +211,16 @@ impl JwtVerifier {
                 None
             }
         }
+    }
+
+    /// This thread's copy of a verified token, until the shared entry's end at the latest;
+    /// its principal.
+    fn keep_copy(&self, digest: [u8; 32], verified: &Verified, epoch: u64) -> Arc<Principal> {
+        let mine = verified.copy();
+        let principal = mine.principal.clone();
+        let until = verified.checked + MAX_CACHE_TTL;
+        self.copies.keep(digest, mine, epoch, until);
+        principal
     }
 
     /// Refreshes the JWKS every `jwks_refresh`, keeping the last good set when a fetch fails;
@@ -266,6 +299,7 @@ impl JwtVerifier {
         Ok(Verified {
             principal: Arc::new(principal),
             exp,
+            checked: Instant::now(),
         })
     }
 
@@ -313,7 +347,9 @@ impl JwtVerifier {
         };
         if old.retired_in(&set) {
             // A withdrawn or replaced key may be a compromised one: re-check every token.
+            self.copies.invalidate();
             self.cache.invalidate_all();
+            self.copies.invalidate();
         }
         set
     }

@@ -474,3 +474,37 @@ fn fetches_still_work_after_the_start_up_runtime_is_gone() {
     assert!(accepted.is_some());
     assert_eq!(idp.jwks_hits(), 2);
 }
+
+/// Verifies `token` on a thread of its own (its own copy), twice.
+fn verify_twice_on_a_thread(
+    v: &Arc<JwtVerifier>,
+    token: &str,
+) -> [Option<Arc<crate::auth::Principal>>; 2] {
+    let (v, token) = (v.clone(), token.to_string());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        [(); 2].map(|()| runtime.block_on(v.verify(&token)))
+    })
+    .join()
+    .unwrap()
+}
+
+#[tokio::test]
+async fn each_thread_verifies_from_its_own_copy_and_a_replaced_key_voids_every_copy() {
+    let (old, replacement) = (TestKey::rsa("k1"), TestKey::rsa("k1"));
+    let (idp, v, token) = cached_token_with_fast_refresh(&old).await;
+    let here = v.verify(&token).await.unwrap();
+    let [a, b] = verify_twice_on_a_thread(&v, &token).map(Option::unwrap);
+    assert!(Arc::ptr_eq(&a, &b) && !Arc::ptr_eq(&a, &here) && *a == *here);
+    idp.set_keys(&[&replacement]);
+    let hits = idp.jwks_hits();
+    let refresher = tokio::spawn(v.clone().refresh_loop());
+    while idp.jwks_hits() < hits + 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(verify_twice_on_a_thread(&v, &token), [None, None]);
+    refresher.abort();
+}
