@@ -26,14 +26,14 @@ const CAPACITY: usize = 4096;
 /// Tells caches apart in a thread's map (tests run several in one process).
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
-struct Copy {
+struct Held {
     value: Box<dyn Any>,
     epoch: u64,
     until: Instant,
 }
 
 thread_local! {
-    static COPIES: RefCell<HashMap<(u64, [u8; 32]), Copy>> = RefCell::new(HashMap::new());
+    static COPIES: RefCell<HashMap<(u64, [u8; 32]), Held>> = RefCell::new(HashMap::new());
 }
 
 /// One cache's copies of values `V`, keyed by 32 bytes (a key id, a token's digest).
@@ -94,7 +94,7 @@ impl<V: Clone + 'static> ThreadCopies<V> {
             let value = Box::new(value);
             copies.insert(
                 (self.id, key),
-                Copy {
+                Held {
                     value,
                     epoch,
                     until,

@@ -29,7 +29,7 @@ use pingora::services::background::BackgroundService;
 
 use super::Record;
 use crate::config::{AccessLogDestination, AccessLogSettings};
-use crate::observe::thread_shards;
+use crate::observe::thread_shards::{self, Padded};
 
 /// How often the writer takes the buffers while lines come.
 const SWEEP: Duration = Duration::from_millis(50);
@@ -39,9 +39,9 @@ const BATCH_BYTES: usize = 64 * 1024;
 /// Sweeps that found nothing before the writer sleeps until woken by a line.
 const IDLE_SWEEPS: u32 = 2;
 
-/// One worker thread's lines (threads beyond `thread_shards::SHARDS` share one), on a cache
-/// line of its own.
-#[repr(align(128))]
+/// One worker thread's lines (threads beyond `thread_shards::SHARDS` share one), kept on a
+/// cache line of its own (`Padded`).
+#[derive(Default)]
 struct Shard {
     pending: Mutex<Pending>,
 }
@@ -68,7 +68,7 @@ impl Shard {
 
 /// What the request path and the writer share.
 struct Shared {
-    shards: Box<[Shard]>,
+    shards: Box<[Padded<Shard>]>,
     /// `buffer_lines`: the most lines one thread's buffer holds.
     bound: usize,
     /// What the lines' stamps count from.
@@ -195,9 +195,7 @@ pub(crate) fn open(settings: &AccessLogSettings) -> io::Result<(AccessLog, Acces
         Some(sink) => {
             let shared = Arc::new(Shared {
                 shards: (0..thread_shards::SHARDS)
-                    .map(|_| Shard {
-                        pending: Mutex::default(),
-                    })
+                    .map(|_| Padded::default())
                     .collect(),
                 bound: settings.buffer_lines,
                 epoch: Instant::now(),
@@ -306,7 +304,7 @@ impl Writer {
             {
                 // Every lock held at once (each for a moment: two swaps a shard): a line
                 // stamped before this instant is taken, one after waits for the next sweep.
-                let mut all: Vec<_> = shared.shards.iter().map(Shard::lock).collect();
+                let mut all: Vec<_> = shared.shards.iter().map(|s| s.lock()).collect();
                 for (pending, mine) in all.iter_mut().zip(taken.iter_mut()) {
                     if !pending.lines.ends.is_empty() {
                         std::mem::swap(&mut pending.lines, mine);
